@@ -1,0 +1,138 @@
+"""corral: workspaces for AI agents.
+
+Files, shell, code execution and snapshots, exposed as LLM tools and backed
+by interchangeable providers discovered through the ``corral`` entry-point
+group. Start with :func:`open_workspace`.
+"""
+
+from __future__ import annotations
+
+from ._capabilities import RESERVED_PREFIXES, Capability, check_user_tool_name
+from ._data import (
+    CommandRequest,
+    ExecResult,
+    FileEntry,
+    FileStat,
+    FileType,
+    GrepMatch,
+    GrepOptions,
+    GrepResult,
+    ProviderConfig,
+    SessionRef,
+    SnapshotInfo,
+    WorkspaceConfig,
+    WorkspaceRef,
+)
+from ._errors import (
+    ConfigError,
+    ErrorCode,
+    OperationError,
+    WorkspaceError,
+    WorkspaceEvictedError,
+    WorkspaceFailedError,
+)
+from ._paths import glob_match, is_binary, join_path, normalize_path, path_parts
+from ._plugins import BLOCK_ENV, CliCommand, PluginSet, ProviderSpec, load_plugins
+from ._policies import CodePolicy, FsPolicy, ScriptPolicy, ShellPolicy, SnapshotPolicy
+from ._protocols import (
+    CodeInterpreter,
+    FileSystem,
+    OpenedWorkspace,
+    Shell,
+    Snapshotter,
+    Workspace,
+    WorkspaceProvider,
+    describe_workspace,
+)
+from ._refs import (
+    check_ref,
+    check_ref_schema_version,
+    ref_from_dict,
+    ref_from_json,
+    ref_to_dict,
+    ref_to_json,
+    structure_payload,
+    unstructure_payload,
+)
+from ._regex import (
+    Matcher,
+    Re2Engine,
+    RegexEngine,
+    RegexModuleEngine,
+    get_regex_engine,
+    looks_catastrophic,
+)
+from ._tool import Tool, ToolEnv, ToolHandler, ToolResult, ToolSpec
+from ._workspace import ModularWorkspace, ensure_open
+from .hookspecs import hookimpl, hookspec
+
+__all__ = [
+    "BLOCK_ENV",
+    "RESERVED_PREFIXES",
+    "Capability",
+    "CliCommand",
+    "CodeInterpreter",
+    "CodePolicy",
+    "CommandRequest",
+    "ConfigError",
+    "ErrorCode",
+    "ExecResult",
+    "FileEntry",
+    "FileStat",
+    "FileSystem",
+    "FileType",
+    "FsPolicy",
+    "GrepMatch",
+    "GrepOptions",
+    "GrepResult",
+    "Matcher",
+    "ModularWorkspace",
+    "OpenedWorkspace",
+    "OperationError",
+    "PluginSet",
+    "ProviderConfig",
+    "ProviderSpec",
+    "Re2Engine",
+    "RegexEngine",
+    "RegexModuleEngine",
+    "ScriptPolicy",
+    "SessionRef",
+    "Shell",
+    "ShellPolicy",
+    "SnapshotInfo",
+    "SnapshotPolicy",
+    "Snapshotter",
+    "Tool",
+    "ToolEnv",
+    "ToolHandler",
+    "ToolResult",
+    "ToolSpec",
+    "Workspace",
+    "WorkspaceConfig",
+    "WorkspaceError",
+    "WorkspaceEvictedError",
+    "WorkspaceFailedError",
+    "WorkspaceProvider",
+    "WorkspaceRef",
+    "check_ref",
+    "check_ref_schema_version",
+    "check_user_tool_name",
+    "describe_workspace",
+    "ensure_open",
+    "get_regex_engine",
+    "glob_match",
+    "hookimpl",
+    "hookspec",
+    "is_binary",
+    "join_path",
+    "load_plugins",
+    "looks_catastrophic",
+    "normalize_path",
+    "path_parts",
+    "ref_from_dict",
+    "ref_from_json",
+    "ref_to_dict",
+    "ref_to_json",
+    "structure_payload",
+    "unstructure_payload",
+]

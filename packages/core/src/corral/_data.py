@@ -1,0 +1,192 @@
+"""Frozen value types shared by core, providers and tools."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import attrs
+
+__all__ = [
+    "CommandRequest",
+    "ExecResult",
+    "FileEntry",
+    "FileStat",
+    "FileType",
+    "GrepMatch",
+    "GrepOptions",
+    "GrepResult",
+    "ProviderConfig",
+    "SessionRef",
+    "SnapshotInfo",
+    "WorkspaceConfig",
+    "WorkspaceRef",
+]
+
+FileType = Literal["file", "dir", "symlink", "other"]
+
+
+def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return dict(value or {})
+
+
+@attrs.frozen
+class SessionRef:
+    """Who a workspace belongs to: one workspace per session.
+
+    Attributes:
+        session_id: Stable id of the agent session (any non-empty string; providers
+            sanitise it before using it in names).
+        agent_id: Optional id of the agent, for logs and labels.
+    """
+
+    session_id: str = attrs.field(validator=attrs.validators.min_len(1))
+    agent_id: str | None = None
+
+
+@attrs.frozen
+class ProviderConfig:
+    """Which provider backs a workspace, with provider-specific per-session options."""
+
+    kind: str = attrs.field(validator=attrs.validators.min_len(1))
+    options: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
+
+
+@attrs.frozen
+class WorkspaceConfig:
+    """A workspace declaration: the provider and the capabilities the agent gets.
+
+    ``capabilities`` maps a capability name to ``True`` (default policy), a
+    mapping of policy options, or ``False``/``None`` (not declared).
+    """
+
+    provider: ProviderConfig
+    capabilities: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
+
+    @property
+    def declared(self) -> frozenset[str]:
+        """Names of the capabilities that are switched on."""
+        return frozenset(k for k, v in self.capabilities.items() if v not in (False, None))
+
+
+@attrs.frozen
+class WorkspaceRef:
+    """A serialisable handle from which a provider can re-attach a workspace.
+
+    Attributes:
+        provider_id: The provider that made it.
+        payload: JSON-compatible provider data; never live objects or secrets.
+        capabilities: Capabilities the provider populated (authoritative).
+        schema_version: Version of ``payload``'s shape (N±1 contract).
+    """
+
+    provider_id: str
+    payload: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
+    capabilities: frozenset[str] = attrs.field(factory=frozenset, converter=frozenset)
+    schema_version: int | None = None
+
+
+@attrs.frozen
+class FileStat:
+    """Metadata of one path. ``path`` is the agent's view (always ``/``-rooted)."""
+
+    path: str
+    type: FileType
+    size: int
+    mtime: float = 0.0
+    mode: int = 0
+
+
+@attrs.frozen
+class FileEntry:
+    """One entry of a directory listing."""
+
+    name: str
+    path: str
+    type: FileType
+    size: int = 0
+
+
+@attrs.frozen
+class GrepOptions:
+    """Where and how to search.
+
+    Attributes:
+        path: Directory (or file) to search under, agent's view; ``/`` by default.
+        glob: Only files whose workspace path matches this glob.
+        ignore_case: Case-insensitive matching.
+        max_results: Stop after this many matching lines.
+    """
+
+    path: str = "/"
+    glob: str | None = None
+    ignore_case: bool = False
+    max_results: int = 1000
+
+
+@attrs.frozen
+class GrepMatch:
+    """A matching line; ``line_number`` starts at 1."""
+
+    path: str
+    line_number: int
+    line: str
+
+
+@attrs.frozen
+class GrepResult:
+    """Matches plus what was deliberately not searched, so "no match" is honest."""
+
+    matches: tuple[GrepMatch, ...] = ()
+    skipped_paths: tuple[str, ...] = ()
+    skipped_binary_paths: tuple[str, ...] = ()
+    truncated: bool = False
+
+
+@attrs.frozen
+class CommandRequest:
+    """One shell command with the limits the capability policy put on it.
+
+    The tool layer builds it from the model's arguments and the shell policy;
+    shells enforce every field (posix-core's ShellGuard does so for the
+    POSIX providers).
+    """
+
+    command: str
+    cwd: str | None = None
+    timeout_s: float = 30.0
+    env: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_mapping)
+    stdin: str | None = None
+    max_output_bytes: int = 1_000_000
+    allowed_commands: frozenset[str] | None = attrs.field(
+        default=None, converter=attrs.converters.optional(frozenset)
+    )
+    allow_shell_syntax: bool = False
+
+
+@attrs.frozen
+class ExecResult:
+    """The outcome of a command or code run.
+
+    ``exit_code`` is None when the process was killed by a signal (``signal``
+    then names it) or timed out (``timed_out``).
+    """
+
+    exit_code: int | None
+    stdout: str = ""
+    stderr: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    duration_ms: float = 0.0
+    signal: int | None = None
+    timed_out: bool = False
+
+
+@attrs.frozen
+class SnapshotInfo:
+    """A stored snapshot of a workspace."""
+
+    snapshot_id: str
+    created_at: float
+    label: str | None = None
+    size_bytes: int | None = None

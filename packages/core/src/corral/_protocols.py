@@ -1,0 +1,277 @@
+"""The provider contract: workspace modules, workspaces and providers.
+
+Semantics every implementation follows (the conformance suite checks them):
+
+Paths are the agent's view of the workspace: ``/a/b.txt`` and ``a/b.txt``
+name the same file; ``..`` that would climb above the root is an
+``OperationError(code="invalid_path")``, as are NUL bytes, empty components
+from malformed input and over-long paths (see :func:`corral.normalize_path`).
+
+FileSystem:
+
+* ``read_file``: missing -> ``not_found``; a directory -> ``is_a_directory``;
+  not a regular file -> ``unsupported_file_type``.
+* ``write_file``: creates missing parent directories; a directory at the
+  path -> ``is_a_directory``; a file where a parent should be ->
+  ``not_a_directory``. Atomic: readers see the old or the new content.
+* ``edit_file``: replaces ``old_text`` with ``new_text`` in a UTF-8 file;
+  absent -> ``no_match``; several and not ``replace_all`` -> ``not_unique``;
+  empty ``old_text`` -> ``invalid_argument``. Returns the count replaced.
+* ``ls``: entries of a directory sorted by name; a file -> ``not_a_directory``.
+* ``glob``: files and directories under ``path`` whose path relative to it
+  matches the pattern (``*``, ``?``, ``[...]`` within one component, ``**``
+  any number of components); sorted agent-view paths.
+* ``grep``: regular files under ``options.path`` (or that file), filtered by
+  ``options.glob`` (matched against the basename, or the relative path when
+  the glob holds a ``/``); files with a NUL byte in their first 8 KiB are
+  reported in ``skipped_binary_paths``, unreadable or over-size files in
+  ``skipped_paths``; matches sorted by path then line; ``truncated`` when
+  ``max_results`` cut the list.
+* ``stat``: a leaf symlink is reported as ``symlink`` and not followed.
+* ``mkdir``: ``parents=False`` and a missing parent -> ``not_found``; the
+  path exists -> ``exists`` unless ``parents=True`` and it is a directory.
+* ``rm``: missing -> ``not_found``; a non-empty directory without
+  ``recursive`` -> ``not_empty``; the root -> ``invalid_argument``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+
+from ._data import (
+    CommandRequest,
+    ExecResult,
+    FileEntry,
+    FileStat,
+    GrepOptions,
+    GrepResult,
+    ProviderConfig,
+    SessionRef,
+    SnapshotInfo,
+    WorkspaceRef,
+)
+from ._regex import Matcher
+
+__all__ = [
+    "CodeInterpreter",
+    "FileSystem",
+    "OpenedWorkspace",
+    "Shell",
+    "Snapshotter",
+    "Workspace",
+    "WorkspaceProvider",
+]
+
+
+@runtime_checkable
+class FileSystem(Protocol):
+    """Files of one workspace, addressed by agent-view paths."""
+
+    async def read_file(self, path: str) -> bytes:
+        """Return the whole content of a regular file."""
+        ...
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        """Atomically create or replace a file, creating parent directories."""
+        ...
+
+    async def edit_file(
+        self, path: str, old_text: str, new_text: str, *, replace_all: bool = False
+    ) -> int:
+        """Replace text in a UTF-8 file atomically; return how many replacements."""
+        ...
+
+    async def ls(self, path: str = "/") -> Sequence[FileEntry]:
+        """List a directory, sorted by name."""
+        ...
+
+    async def glob(self, pattern: str, path: str = "/") -> Sequence[str]:
+        """Return sorted paths under ``path`` matching ``pattern``."""
+        ...
+
+    async def grep(self, matcher: Matcher, options: GrepOptions) -> GrepResult:
+        """Search file contents line by line with a compiled matcher."""
+        ...
+
+    async def stat(self, path: str) -> FileStat:
+        """Describe a path without following a leaf symlink."""
+        ...
+
+    async def mkdir(self, path: str, *, parents: bool = False) -> None:
+        """Create a directory."""
+        ...
+
+    async def rm(self, path: str, *, recursive: bool = False) -> None:
+        """Remove a file or directory."""
+        ...
+
+
+@runtime_checkable
+class Shell(Protocol):
+    """Runs commands in the workspace."""
+
+    async def run(self, request: CommandRequest) -> ExecResult:
+        """Run one command, enforcing every limit in ``request``.
+
+        A command the policy refuses raises ``OperationError(code="policy_denied")``.
+        A timeout is not an exception: the result has ``timed_out=True`` and the
+        whole process tree has been killed.
+        """
+        ...
+
+
+@runtime_checkable
+class CodeInterpreter(Protocol):
+    """Runs code snippets, optionally in stateful contexts."""
+
+    @property
+    def languages(self) -> frozenset[str]:
+        """Languages this interpreter accepts."""
+        ...
+
+    async def run_code(self, language: str, code: str, *, timeout_s: float) -> ExecResult:
+        """Run a snippet in a fresh interpreter."""
+        ...
+
+    async def create_context(self, language: str) -> str:
+        """Start a stateful context and return its id."""
+        ...
+
+    async def run_in_context(self, context_id: str, code: str, *, timeout_s: float) -> ExecResult:
+        """Run a snippet in an existing context."""
+        ...
+
+    async def delete_context(self, context_id: str) -> None:
+        """Discard a context."""
+        ...
+
+
+@runtime_checkable
+class Snapshotter(Protocol):
+    """Point-in-time copies of a workspace."""
+
+    async def snapshot(self, label: str | None = None) -> SnapshotInfo:
+        """Store the current state and describe the snapshot."""
+        ...
+
+    async def restore(self, snapshot_id: str) -> WorkspaceRef:
+        """Bring back exactly the snapshot's state; return the workspace's (new) ref."""
+        ...
+
+    async def list(self) -> Sequence[SnapshotInfo]:
+        """Snapshots of this workspace, oldest first."""
+        ...
+
+    async def delete(self, snapshot_id: str) -> None:
+        """Remove a snapshot; an unknown id -> ``OperationError(code="not_found")``."""
+        ...
+
+    async def branch(self, snapshot_id: str) -> WorkspaceRef:
+        """Create a separate workspace seeded from a snapshot and return its ref."""
+        ...
+
+
+@runtime_checkable
+class Workspace(Protocol):
+    """A live workspace: an id, the modules the provider populated, and ``close``."""
+
+    @property
+    def id(self) -> str:
+        """Stable identifier, unique per provider."""
+        ...
+
+    @property
+    def fs(self) -> FileSystem | None:
+        """The file system module, if populated."""
+        ...
+
+    @property
+    def shell(self) -> Shell | None:
+        """The shell module, if populated."""
+        ...
+
+    @property
+    def code(self) -> CodeInterpreter | None:
+        """The code interpreter module, if populated."""
+        ...
+
+    @property
+    def script(self) -> CodeInterpreter | None:
+        """The ephemeral script runner, if populated."""
+        ...
+
+    @property
+    def snapshot(self) -> Snapshotter | None:
+        """The snapshot module, if populated."""
+        ...
+
+    def module(self, name: str) -> object | None:
+        """Any module by name, including third-party ones; None if absent."""
+        ...
+
+    async def close(self) -> None:
+        """Release the workspace and its data. Idempotent."""
+        ...
+
+
+@attrs.frozen
+class OpenedWorkspace:
+    """What ``WorkspaceProvider.open`` returns: the live workspace and its ref."""
+
+    workspace: Workspace
+    ref: WorkspaceRef
+
+
+@runtime_checkable
+class WorkspaceProvider(Protocol):
+    """Creates and re-attaches workspaces; holds no per-session state."""
+
+    @property
+    def provider_id(self) -> str:
+        """The kind this provider answers to (``ProviderConfig.kind``)."""
+        ...
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """Capabilities this provider can populate."""
+        ...
+
+    @property
+    def schema_version(self) -> int:
+        """Current version N of this provider's ref payload."""
+        ...
+
+    async def open(
+        self,
+        config: ProviderConfig,
+        session: SessionRef,
+        declared: frozenset[str] | None = None,
+    ) -> OpenedWorkspace:
+        """Create a workspace for a session.
+
+        Raises:
+            WorkspaceFailedError: The workspace cannot be created.
+        """
+        ...
+
+    async def resolve(self, ref: WorkspaceRef) -> Workspace:
+        """Re-attach a workspace from a persisted ref.
+
+        Raises:
+            WorkspaceFailedError: The ref is foreign, malformed, of an
+                unsupported version, or its workspace is gone.
+        """
+        ...
+
+
+def describe_workspace(ws: Workspace) -> Mapping[str, Any]:
+    """Provider details a workspace chooses to expose (``details()``), or nothing."""
+    details = getattr(ws, "details", None)
+    if callable(details):
+        result = details()
+        if isinstance(result, Mapping):
+            return dict(result)
+    return {}
