@@ -31,6 +31,7 @@ from ._errors import (
     WorkspaceEvictedError,
     WorkspaceFailedError,
 )
+from ._observe import NoopMetrics, UsageRecorder, WorkspaceEvent, WorkspaceMetrics
 from ._paths import glob_match, is_binary, join_path, normalize_path, path_parts
 from ._plugins import BLOCK_ENV, CliCommand, PluginSet, ProviderSpec, load_plugins
 from ._policies import CodePolicy, FsPolicy, ScriptPolicy, ShellPolicy, SnapshotPolicy
@@ -62,7 +63,12 @@ from ._regex import (
     get_regex_engine,
     looks_catastrophic,
 )
+from ._registry import RegistrySnapshot, RegistryState, ScopedWorkspace, WorkspaceRegistry
+from ._schema import validate_arguments
+from ._session import WorkspaceSession, default_plugins, open_workspace
+from ._store import RefStore, StoredSession
 from ._tool import Tool, ToolEnv, ToolHandler, ToolResult, ToolSpec
+from ._toolset import ResultFilter, WorkspaceToolset
 from ._workspace import ModularWorkspace, ensure_open
 from .hookspecs import hookimpl, hookspec
 
@@ -87,14 +93,20 @@ __all__ = [
     "GrepResult",
     "Matcher",
     "ModularWorkspace",
+    "NoopMetrics",
     "OpenedWorkspace",
     "OperationError",
     "PluginSet",
     "ProviderConfig",
     "ProviderSpec",
     "Re2Engine",
+    "RefStore",
     "RegexEngine",
     "RegexModuleEngine",
+    "RegistrySnapshot",
+    "RegistryState",
+    "ResultFilter",
+    "ScopedWorkspace",
     "ScriptPolicy",
     "SessionRef",
     "Shell",
@@ -102,21 +114,29 @@ __all__ = [
     "SnapshotInfo",
     "SnapshotPolicy",
     "Snapshotter",
+    "StoredSession",
     "Tool",
     "ToolEnv",
     "ToolHandler",
     "ToolResult",
     "ToolSpec",
+    "UsageRecorder",
     "Workspace",
     "WorkspaceConfig",
     "WorkspaceError",
+    "WorkspaceEvent",
     "WorkspaceEvictedError",
     "WorkspaceFailedError",
+    "WorkspaceMetrics",
     "WorkspaceProvider",
     "WorkspaceRef",
+    "WorkspaceRegistry",
+    "WorkspaceSession",
+    "WorkspaceToolset",
     "check_ref",
     "check_ref_schema_version",
     "check_user_tool_name",
+    "default_plugins",
     "describe_workspace",
     "ensure_open",
     "get_regex_engine",
@@ -128,6 +148,7 @@ __all__ = [
     "load_plugins",
     "looks_catastrophic",
     "normalize_path",
+    "open_workspace",
     "path_parts",
     "ref_from_dict",
     "ref_from_json",
@@ -135,4 +156,5 @@ __all__ = [
     "ref_to_json",
     "structure_payload",
     "unstructure_payload",
+    "validate_arguments",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 import attrs
@@ -28,6 +28,10 @@ FileType = Literal["file", "dir", "symlink", "other"]
 
 def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return dict(value or {})
+
+
+def _optional_names(value: Iterable[str] | None) -> frozenset[str] | None:
+    return None if value is None else frozenset(value)
 
 
 @attrs.frozen
@@ -158,9 +162,7 @@ class CommandRequest:
     env: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_mapping)
     stdin: str | None = None
     max_output_bytes: int = 1_000_000
-    allowed_commands: frozenset[str] | None = attrs.field(
-        default=None, converter=attrs.converters.optional(frozenset)
-    )
+    allowed_commands: frozenset[str] | None = attrs.field(default=None, converter=_optional_names)
     allow_shell_syntax: bool = False
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
@@ -23,6 +24,8 @@ __all__ = [
     "ProviderSpec",
     "load_plugins",
 ]
+
+log = logging.getLogger("corral.plugins")
 
 BLOCK_ENV: Final = "CORRAL_DISABLE_PLUGINS"
 """Comma-separated entry-point names that are not loaded (like tox's and pytest's -p no:)."""
@@ -90,6 +93,8 @@ class PluginSet:
     capabilities: Mapping[str, Capability]
     commands: Mapping[str, CliCommand]
     manager: pluggy.PluginManager = attrs.field(eq=False, repr=False)
+    failed: Mapping[str, str] = attrs.field(factory=dict)
+    """Entry points that could not be imported: name -> one-line reason."""
 
     def provider(self, kind: str) -> ProviderSpec:
         """The spec of a provider kind.
@@ -101,9 +106,13 @@ class PluginSet:
             return self.providers[kind]
         except KeyError:
             known = ", ".join(sorted(self.providers)) or "none"
+            broken = "".join(
+                f"; plugin {n!r} failed to load: {why}" for n, why in self.failed.items()
+            )
+            shown = kind if len(kind) <= 64 and kind.isprintable() else "?"
             raise ConfigError(
-                f"unknown provider kind (installed: {known}); install its package, "
-                "e.g. pip install corral-local-bash"
+                f"unknown provider kind {shown!r} (installed: {known}); install its package, "
+                f"e.g. pip install corral-local-bash{broken}"
             ) from None
 
 
@@ -139,8 +148,9 @@ def load_plugins(
         if name.strip():
             pm.set_blocked(name.strip())
     pm.register(BuiltinCapabilities(), name="corral.builtin")
+    failed: dict[str, str] = {}
     if entrypoints:
-        pm.load_setuptools_entrypoints(hookspecs.NAME)
+        failed = _load_entrypoints(pm)
     for plugin in extra_plugins:
         pm.register(plugin)
     pm.check_pending()
@@ -153,4 +163,31 @@ def load_plugins(
         register=_collector("capability", capabilities, lambda c: c.name)
     )
     pm.hook.corral_register_commands(register=_collector("command", commands, lambda c: c.name))
-    return PluginSet(providers=providers, capabilities=capabilities, commands=commands, manager=pm)
+    return PluginSet(
+        providers=providers,
+        capabilities=capabilities,
+        commands=commands,
+        manager=pm,
+        failed=failed,
+    )
+
+
+def _load_entrypoints(pm: pluggy.PluginManager) -> dict[str, str]:
+    """Import the ``corral`` entry points; one that fails to import is recorded and skipped.
+
+    A broken third-party wheel must not take every other provider (and the CLI)
+    down with it. A plugin that imports but declares a misspelled hook still
+    fails loudly in ``check_pending``.
+    """
+    failed: dict[str, str] = {}
+    for ep in importlib.metadata.entry_points(group=hookspecs.NAME):
+        if pm.is_blocked(ep.name) or pm.has_plugin(ep.name):
+            continue
+        try:
+            plugin = ep.load()
+        except Exception as exc:
+            failed[ep.name] = f"{type(exc).__name__}: {exc}"[:300]
+            log.warning("corral plugin %r failed to load: %s", ep.name, failed[ep.name])
+            continue
+        pm.register(plugin, name=ep.name)
+    return failed

@@ -1,0 +1,31 @@
+"""Core's own capabilities, registered through the same hook a third party uses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ._capabilities import Capability
+from ._exec_tools import code_tools, script_tools, shell_tools, snapshot_tools
+from ._fs_tools import fs_tools
+from ._policies import CodePolicy, FsPolicy, ScriptPolicy, ShellPolicy, SnapshotPolicy
+from .hookspecs import hookimpl
+
+__all__ = ["BUILTIN_CAPABILITIES", "BuiltinCapabilities"]
+
+BUILTIN_CAPABILITIES = (
+    Capability("fs", FsPolicy, fs_tools, summary="read, write, edit, list, glob, grep files"),
+    Capability("shell", ShellPolicy, shell_tools, summary="run commands"),
+    Capability("code", CodePolicy, code_tools, summary="run code snippets, optionally stateful"),
+    Capability("script", ScriptPolicy, script_tools, summary="ephemeral stateless scripts"),
+    Capability("snapshot", SnapshotPolicy, snapshot_tools, summary="snapshot, restore, branch"),
+)
+
+
+class BuiltinCapabilities:
+    """The plugin object core registers first in every plugin set."""
+
+    @hookimpl
+    def corral_register_capabilities(self, register: Callable[[Capability], None]) -> None:
+        """Register fs, shell, code, script and snapshot."""
+        for capability in BUILTIN_CAPABILITIES:
+            register(capability)

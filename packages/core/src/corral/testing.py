@@ -1,0 +1,103 @@
+"""Helpers for testing code that uses corral: a ready tool context, no-op sinks.
+
+Example::
+
+    async def test_my_tool():
+        async with corral.testing.workspace_context(InMemoryProvider()) as ctx:
+            await ctx.call("workspace_write_file", {"path": "/a", "content": "x"})
+            ws = await ctx.workspace()
+            assert await ws.require("fs").read_file("/a") == b"x"
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from ._observe import NoopMetrics
+from ._plugins import PluginSet, load_plugins
+from ._protocols import WorkspaceProvider
+from ._session import WorkspaceSession, open_workspace
+
+__all__ = [
+    "NoopHooks",
+    "NoopMetrics",
+    "RecordingHooks",
+    "RecordingUsage",
+    "noop_logger",
+    "workspace_context",
+]
+
+
+def noop_logger() -> logging.Logger:
+    """A logger that drops everything."""
+    logger = logging.getLogger("corral.testing.noop")
+    logger.addHandler(logging.NullHandler())
+    logger.propagate = False
+    return logger
+
+
+class NoopHooks:
+    """Hooks that do nothing (the registry's default is no hooks at all)."""
+
+
+class RecordingHooks:
+    """Synchronous hooks that remember every event, for assertions."""
+
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def on_open(self, event: Any) -> None:
+        """Record."""
+        self.events.append(event)
+
+    def on_close(self, event: Any) -> None:
+        """Record."""
+        self.events.append(event)
+
+    def on_evicted(self, event: Any) -> None:
+        """Record."""
+        self.events.append(event)
+
+    def on_eviction_retry(self, event: Any) -> None:
+        """Record."""
+        self.events.append(event)
+
+    def on_snapshot(self, event: Any) -> None:
+        """Record."""
+        self.events.append(event)
+
+    def names(self) -> list[str]:
+        """The hook names in order."""
+        return [e.hook for e in self.events]
+
+
+class RecordingUsage:
+    """A usage recorder that remembers ``(kind, duration_ms, session_id)``."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, float, str]] = []
+
+    def __call__(self, kind: str, duration_ms: float, *, session_id: str) -> None:
+        """Record."""
+        self.records.append((kind, duration_ms, session_id))
+
+
+@asynccontextmanager
+async def workspace_context(
+    provider: WorkspaceProvider | str,
+    capabilities: Mapping[str, Any] | None = None,
+    *,
+    plugins: PluginSet | None = None,
+    **kwargs: Any,
+) -> AsyncIterator[WorkspaceSession]:
+    """A session with tools over ``provider``; ``capabilities`` default to ``{"fs": True}``."""
+    async with open_workspace(
+        provider,
+        capabilities if capabilities is not None else {"fs": True},
+        plugins=plugins or load_plugins(),
+        **kwargs,
+    ) as session:
+        yield session
