@@ -7,6 +7,7 @@ group. Start with :func:`open_workspace`.
 
 from __future__ import annotations
 
+from ._bridges import ToolCaller, anthropic_tool_results, openai_tool_messages
 from ._capabilities import RESERVED_PREFIXES, Capability, check_user_tool_name
 from ._data import (
     CommandRequest,
@@ -116,6 +117,7 @@ __all__ = [
     "Snapshotter",
     "StoredSession",
     "Tool",
+    "ToolCaller",
     "ToolEnv",
     "ToolHandler",
     "ToolResult",
@@ -133,6 +135,7 @@ __all__ = [
     "WorkspaceRegistry",
     "WorkspaceSession",
     "WorkspaceToolset",
+    "anthropic_tool_results",
     "check_ref",
     "check_ref_schema_version",
     "check_user_tool_name",
@@ -149,6 +152,7 @@ __all__ = [
     "looks_catastrophic",
     "normalize_path",
     "open_workspace",
+    "openai_tool_messages",
     "path_parts",
     "ref_from_dict",
     "ref_from_json",

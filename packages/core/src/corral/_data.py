@@ -30,6 +30,11 @@ def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
     return dict(value or {})
 
 
+def names(value: Iterable[str]) -> frozenset[str]:
+    """A typed frozenset converter for attrs fields (mypy types ``frozenset`` loosely)."""
+    return frozenset(value)
+
+
 def _optional_names(value: Iterable[str] | None) -> frozenset[str] | None:
     return None if value is None else frozenset(value)
 
@@ -86,7 +91,7 @@ class WorkspaceRef:
 
     provider_id: str
     payload: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping)
-    capabilities: frozenset[str] = attrs.field(factory=frozenset, converter=frozenset)
+    capabilities: frozenset[str] = attrs.field(factory=frozenset, converter=names)
     schema_version: int | None = None
 
 

@@ -43,8 +43,8 @@ def _entry(e: FileEntry) -> dict[str, Any]:
 
 async def _read_file(env: ToolEnv, args: dict[str, Any]) -> Any:
     policy: FsPolicy = env.policy
-    fs = await env.module("fs")
     path = normalize_path(args["path"])
+    fs = await env.module("fs")
     st = await fs.stat(path)
     if st.type == "dir":
         raise OperationError(f"{path} is a directory; use workspace_ls", code="is_a_directory")
@@ -162,8 +162,9 @@ async def _grep(env: ToolEnv, args: dict[str, Any]) -> Any:
 
 
 async def _stat(env: ToolEnv, args: dict[str, Any]) -> Any:
+    path = normalize_path(args["path"])
     fs = await env.module("fs")
-    st = await fs.stat(normalize_path(args["path"]))
+    st = await fs.stat(path)
     return {
         "path": st.path,
         "type": st.type,

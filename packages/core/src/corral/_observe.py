@@ -18,7 +18,7 @@ from typing import Any, Final, Protocol
 import anyio
 import anyio.abc
 import attrs
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectSendStream
 
 __all__ = [
     "HOOK_NAMES",
@@ -167,9 +167,8 @@ class HookDispatcher:
         self._hooks = hooks
         self._metrics = metrics
         self._timeout = hook_timeout_s
-        self._send: MemoryObjectSendStream[tuple[Callable[..., Any], WorkspaceEvent]]
-        self._recv: MemoryObjectReceiveStream[tuple[Callable[..., Any], WorkspaceEvent]]
-        self._send, self._recv = anyio.create_memory_object_stream(queue_size)
+        self._queue_size = queue_size
+        self._send: MemoryObjectSendStream[tuple[Callable[..., Any], WorkspaceEvent]] | None = None
         self._running = False
         self._drained = anyio.Event()
         self.dropped = 0
@@ -198,7 +197,7 @@ class HookDispatcher:
                 log.warning("workspace hook %s raised; ignored", event.hook, exc_info=True)
 
     def _enqueue(self, fn: Callable[..., Any], event: WorkspaceEvent) -> None:
-        if not self._running:
+        if not self._running or self._send is None:
             self._drop(event, "no dispatcher is running (enter the registry with 'async with')")
             return
         try:
@@ -220,7 +219,8 @@ class HookDispatcher:
     async def drain(self, scope: anyio.CancelScope) -> None:
         """Stop accepting events, deliver the queued ones (bounded), then stop."""
         self._running = False
-        self._send.close()
+        if self._send is not None:
+            self._send.close()
         with anyio.move_on_after(self._timeout, shield=True):
             await self._drained.wait()
         scope.cancel()
@@ -229,11 +229,15 @@ class HookDispatcher:
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Drain the queue until cancelled."""
+        send, recv = anyio.create_memory_object_stream[tuple[Callable[..., Any], WorkspaceEvent]](
+            self._queue_size
+        )
+        self._send = send
         self._running = True
         self._drained = anyio.Event()
         task_status.started()
         try:
-            async for fn, event in self._recv:
+            async for fn, event in recv:
                 with anyio.move_on_after(self._timeout) as scope:
                     try:
                         await fn(event)
@@ -249,4 +253,7 @@ class HookDispatcher:
                     )
         finally:
             self._running = False
+            self._send = None
+            send.close()
+            recv.close()
             self._drained.set()

@@ -14,6 +14,7 @@ import pluggy
 
 from . import hookspecs
 from ._capabilities import Capability
+from ._data import names
 from ._errors import ConfigError
 from ._protocols import WorkspaceProvider
 
@@ -46,7 +47,7 @@ class ProviderSpec:
 
     kind: str
     factory: Callable[..., WorkspaceProvider]
-    capabilities: frozenset[str] = attrs.field(converter=frozenset)
+    capabilities: frozenset[str] = attrs.field(converter=names)
     summary: str = ""
     distribution: str | None = None
 

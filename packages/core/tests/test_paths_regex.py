@@ -1,0 +1,148 @@
+"""Agent-view paths, glob matching and the regex engines."""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import corral
+from corral import OperationError
+
+segments = st.text(alphabet="ab.-_", min_size=1, max_size=4)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("a.txt", "/a.txt"),
+        ("/a.txt", "/a.txt"),
+        ("//a///b/", "/a/b"),
+        ("./a/./b", "/a/b"),
+        ("a/b/../c", "/a/c"),
+        ("", "/"),
+        ("/", "/"),
+        ("/ünï/çødé", "/ünï/çødé"),
+    ],
+)
+def test_normalize_path(raw: str, expected: str) -> None:
+    assert corral.normalize_path(raw) == expected
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "..",
+        "/..",
+        "a/../../b",
+        "/a/../../etc/passwd",
+        "a\x00b",
+        "x" * 5000,
+        "/" + "y" * 300,
+        "\udc80",
+    ],
+)
+def test_bad_paths_fail_cleanly(raw: str) -> None:
+    with pytest.raises(OperationError) as info:
+        corral.normalize_path(raw)
+    assert info.value.code == "invalid_path"
+
+
+@given(st.lists(st.sampled_from(["a", "b", "..", ".", ""]), max_size=8))
+@settings(max_examples=200, deadline=None)
+def test_normalised_paths_never_climb(parts: list[str]) -> None:
+    raw = "/".join(parts)
+    depth = 0
+    climbs = False
+    for part in parts:
+        if part == "..":
+            depth -= 1
+            climbs = climbs or depth < 0
+        elif part not in ("", "."):
+            depth += 1
+    if climbs:
+        with pytest.raises(OperationError, match="escapes"):
+            corral.normalize_path(raw)
+        return
+    path = corral.normalize_path(raw)
+    assert path.startswith("/")
+    assert ".." not in path.split("/")
+    assert corral.normalize_path(path) == path
+
+
+@given(
+    st.lists(segments, min_size=1, max_size=3), st.sampled_from(["*", "?", "a*", "*.b", "[ab]*"])
+)
+@settings(max_examples=200, deadline=None)
+def test_single_component_glob_agrees_with_fnmatch(parts: list[str], pattern: str) -> None:
+    name = parts[0]
+    assert corral.glob_match(pattern, name) == fnmatch.fnmatchcase(name, pattern)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "path", "expected"),
+    [
+        ("**/*.py", "a.py", True),
+        ("**/*.py", "x/y/a.py", True),
+        ("*.py", "x/a.py", False),
+        ("x/**", "x/y/z", True),
+        ("x/**/z", "x/z", True),
+        ("x/**/z", "x/a/b/z", True),
+        ("x/*/z", "x/a/b/z", False),
+        ("[!a]*", "b1", True),
+        ("[!a]*", "a1", False),
+    ],
+)
+def test_glob_semantics(pattern: str, path: str, expected: bool) -> None:
+    assert corral.glob_match(pattern, path) is expected
+
+
+TEXT = "alpha\nBeta beta\r\ngamma\n\ndelta beta"
+
+
+@pytest.mark.parametrize(
+    "engine", [corral.RegexModuleEngine(), corral.Re2Engine()], ids=["regex", "re2"]
+)
+def test_engines_report_lines(engine: corral.RegexEngine) -> None:
+    assert engine.compile("beta").search_lines(TEXT, 10) == [(2, "Beta beta"), (5, "delta beta")]
+    assert engine.compile("BETA", ignore_case=True).search_lines(TEXT, 1) == [(2, "Beta beta")]
+    assert engine.compile("^$").search_lines(TEXT, 10) == [(4, "")]
+    assert engine.compile("zzz").search_lines(TEXT, 10) == []
+
+
+def test_catastrophic_patterns_are_refused_by_default() -> None:
+    for pattern in ["(a+)+$", "(a|aa)*b", "^(a|aa)+$", r"(\w+\s?)*$", r"(x)\1"]:
+        assert corral.looks_catastrophic(pattern)
+        with pytest.raises(OperationError) as info:
+            corral.RegexModuleEngine().compile(pattern)
+        assert info.value.code == "invalid_argument"
+    for pattern in ["a+b", "foo|bar", r"\d{3}-\d{4}", "(ab)+"]:
+        assert not corral.looks_catastrophic(pattern)
+
+
+def test_timeout_stops_a_backtracking_search() -> None:
+    engine = corral.RegexModuleEngine(timeout_s=0.2, refuse_catastrophic=False)
+    # One of the shapes the regex module does not defuse by itself.
+    matcher = engine.compile("^(a|aa)+$")
+    started = time.monotonic()
+    with pytest.raises(OperationError) as info:
+        matcher.search_lines("ok\n" + "a" * 40 + "b\n", 10)
+    assert info.value.code == "timeout"
+    assert time.monotonic() - started < 5
+
+
+def test_re2_runs_what_the_heuristic_refuses_in_linear_time() -> None:
+    matcher = corral.Re2Engine().compile("^(a|aa)+$")
+    assert matcher.search_lines("a" * 10000 + "b", 10) == []
+
+
+def test_invalid_patterns_are_clean_errors() -> None:
+    for engine in (corral.RegexModuleEngine(), corral.Re2Engine()):
+        with pytest.raises(OperationError) as info:
+            engine.compile("(unclosed")
+        assert info.value.code == "invalid_argument"
+    with pytest.raises(ValueError, match="unknown regex engine"):
+        corral.get_regex_engine("pcre")

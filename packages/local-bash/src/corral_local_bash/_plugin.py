@@ -1,0 +1,26 @@
+"""Registers the local-bash provider with corral (entry point ``local-bash``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import corral
+
+from ._provider import LocalBashProvider
+
+__all__ = ["corral_register_providers"]
+
+
+@corral.hookimpl
+def corral_register_providers(register: Callable[[corral.ProviderSpec], None]) -> None:
+    """Contribute the ``local-bash`` provider kind."""
+    register(
+        corral.ProviderSpec(
+            kind="local-bash",
+            factory=LocalBashProvider,
+            # attrs' converter=frozenset types the field as a generic Iterable.
+            capabilities=frozenset({"fs", "shell", "snapshot"}),
+            summary="host tmpdir + subprocess shell; no isolation, trusted code only",
+            distribution="corral-local-bash",
+        )
+    )

@@ -1,0 +1,26 @@
+"""Registers the ``in-memory`` provider with corral's plugin system."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import corral
+
+from ._provider import SUPPORTED_CAPABILITIES, InMemoryProvider
+
+__all__ = ["corral_register_providers"]
+
+
+@corral.hookimpl
+def corral_register_providers(register: Callable[[corral.ProviderSpec], None]) -> None:
+    """Contribute the ``in-memory`` provider."""
+    register(
+        corral.ProviderSpec(
+            kind="in-memory",
+            factory=InMemoryProvider,
+            # core's ``converter=frozenset`` leaves mypy with an unsolved TypeVar.
+            capabilities=SUPPORTED_CAPABILITIES,
+            summary="files and snapshots in process memory; for tests, demos, ephemeral agents",
+            distribution="corral-memory",
+        )
+    )

@@ -1,0 +1,224 @@
+"""The ``in-memory`` provider: open, resolve and close workspaces held in this process."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import anyio.lowlevel
+import attrs
+
+from corral import (
+    ConfigError,
+    ModularWorkspace,
+    OpenedWorkspace,
+    ProviderConfig,
+    SessionRef,
+    Workspace,
+    WorkspaceFailedError,
+    WorkspaceRef,
+    check_ref,
+    structure_payload,
+    unstructure_payload,
+)
+
+from ._fs import InMemoryFileSystem
+from ._snapshot import InMemorySnapshotter
+from ._store import (
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_MAX_GREP_FILE_BYTES,
+    DEFAULT_MAX_SNAPSHOTS,
+    DEFAULT_MAX_WORKSPACE_BYTES,
+    Limits,
+    WorkspaceState,
+    discard,
+    find,
+    new_workspace,
+    process_token,
+)
+
+__all__ = ["PROVIDER_ID", "SCHEMA_VERSION", "SUPPORTED_CAPABILITIES", "InMemoryProvider"]
+
+PROVIDER_ID: Final = "in-memory"
+SCHEMA_VERSION: Final = 2
+SUPPORTED_CAPABILITIES: Final = frozenset({"fs", "snapshot"})
+
+_LOST: Final = (
+    "the in-memory workspace was lost: the process that held it has exited "
+    "(in-memory workspaces do not survive a restart)"
+)
+_GONE: Final = "the in-memory workspace is gone: it was closed (or never existed in this process)"
+
+
+@attrs.frozen
+class RefPayload:
+    """The ref payload: which workspace, and which process holds it."""
+
+    workspace_id: str = attrs.field(validator=attrs.validators.matches_re(r"mem-[0-9a-f]{32}"))
+    process_token: str = attrs.field(validator=attrs.validators.matches_re(r"[0-9a-f]{32}"))
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"in-memory provider option {name}: expected a positive integer")
+    return value
+
+
+class InMemoryProvider:
+    """Workspaces held in this process's memory: for tests, demos and ephemeral agents.
+
+    Nothing survives the process: resolving a ref after a restart raises
+    :class:`corral.WorkspaceFailedError` saying the workspace was lost. The
+    provider holds no per-session state; workspaces live in a process-wide
+    store keyed by random ids, so any instance can resolve any ref of this
+    process and sessions never share files.
+
+    Args:
+        max_workspace_bytes: Budget per workspace for file contents plus a
+            fixed overhead per file or directory; writes beyond it fail with
+            ``OperationError(code="too_large")``.
+        max_file_bytes: Largest single file (``too_large`` beyond it).
+        max_grep_file_bytes: grep lists larger files in ``skipped_paths``.
+        max_snapshots: Snapshots one workspace may hold at once.
+
+    Raises:
+        ConfigError: An option is not a positive integer.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_workspace_bytes: int = DEFAULT_MAX_WORKSPACE_BYTES,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        max_grep_file_bytes: int = DEFAULT_MAX_GREP_FILE_BYTES,
+        max_snapshots: int = DEFAULT_MAX_SNAPSHOTS,
+    ) -> None:
+        self._limits = Limits(
+            max_workspace_bytes=_positive("max_workspace_bytes", max_workspace_bytes),
+            max_file_bytes=_positive("max_file_bytes", max_file_bytes),
+            max_grep_file_bytes=_positive("max_grep_file_bytes", max_grep_file_bytes),
+            max_snapshots=_positive("max_snapshots", max_snapshots),
+        )
+
+    @property
+    def provider_id(self) -> str:
+        """Always ``in-memory``."""
+        return PROVIDER_ID
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """``fs`` and ``snapshot``."""
+        return SUPPORTED_CAPABILITIES
+
+    @property
+    def schema_version(self) -> int:
+        """The current ref payload version (refs of ``None``, 1 and 2 resolve)."""
+        return SCHEMA_VERSION
+
+    @property
+    def limits(self) -> Limits:
+        """The bounds given to workspaces this provider opens."""
+        return self._limits
+
+    async def open(
+        self,
+        config: ProviderConfig,
+        session: SessionRef,
+        declared: frozenset[str] | None = None,
+    ) -> OpenedWorkspace:
+        """Create an empty workspace for a session.
+
+        ``fs`` is always built; ``snapshot`` only when ``declared`` is None or
+        names it. The ref's capabilities say exactly what was built.
+
+        Raises:
+            WorkspaceFailedError: ``declared`` names a capability this provider
+                cannot populate, or the config carries options.
+        """
+        await anyio.lowlevel.checkpoint()
+        if config.options:
+            raise WorkspaceFailedError(
+                "the in-memory provider takes no per-session options; "
+                "pass limits as provider options instead",
+                provider_id=PROVIDER_ID,
+            )
+        if declared is None:
+            built = SUPPORTED_CAPABILITIES
+        else:
+            unsupported = sorted(set(declared) - SUPPORTED_CAPABILITIES)
+            if unsupported:
+                raise WorkspaceFailedError(
+                    f"the in-memory provider cannot populate {', '.join(unsupported)} "
+                    f"(it supports {', '.join(sorted(SUPPORTED_CAPABILITIES))})",
+                    provider_id=PROVIDER_ID,
+                )
+            built = frozenset({"fs"}) | (frozenset(declared) & SUPPORTED_CAPABILITIES)
+        state = new_workspace(self._limits)
+        ref = _make_ref(state.workspace_id, built)
+        return OpenedWorkspace(workspace=_build(state, built), ref=ref)
+
+    async def resolve(self, ref: WorkspaceRef) -> Workspace:
+        """Re-attach a workspace of this process from its ref.
+
+        Raises:
+            WorkspaceFailedError: The ref is foreign, malformed or of an
+                unsupported version; it was made by another (exited) process;
+                or its workspace has been closed.
+        """
+        await anyio.lowlevel.checkpoint()
+        if not isinstance(ref, WorkspaceRef):
+            raise WorkspaceFailedError("workspace ref is malformed", provider_id=PROVIDER_ID)
+        check_ref(ref, provider_id=PROVIDER_ID, current=SCHEMA_VERSION)
+        payload = structure_payload(ref.payload, RefPayload, provider_id=PROVIDER_ID)
+        if not ref.capabilities <= SUPPORTED_CAPABILITIES:
+            raise WorkspaceFailedError(
+                "workspace ref lists capabilities the in-memory provider cannot populate",
+                provider_id=PROVIDER_ID,
+            )
+        if payload.process_token != process_token():
+            raise WorkspaceFailedError(_LOST, provider_id=PROVIDER_ID)
+        state = find(payload.workspace_id)
+        if state is None:
+            raise WorkspaceFailedError(_GONE, provider_id=PROVIDER_ID)
+        return _build(state, ref.capabilities | {"fs"})
+
+    def __repr__(self) -> str:
+        return f"InMemoryProvider({self._limits})"
+
+
+def _make_ref(workspace_id: str, capabilities: frozenset[str]) -> WorkspaceRef:
+    payload = RefPayload(workspace_id=workspace_id, process_token=process_token())
+    return WorkspaceRef(
+        provider_id=PROVIDER_ID,
+        payload=unstructure_payload(payload),
+        # core's ``converter=frozenset`` leaves mypy with an unsolved TypeVar.
+        capabilities=capabilities,
+        schema_version=SCHEMA_VERSION,
+    )
+
+
+def _build(state: WorkspaceState, capabilities: frozenset[str]) -> ModularWorkspace:
+    def make_ref(workspace_id: str) -> WorkspaceRef:
+        return _make_ref(workspace_id, capabilities)
+
+    async def on_close() -> None:
+        discard(state)
+
+    def details() -> Mapping[str, Any]:
+        return {
+            "provider_id": PROVIDER_ID,
+            "workspace_id": state.workspace_id,
+            "used_bytes": state.tree.used_bytes,
+            "file_bytes": state.tree.file_bytes,
+            "max_workspace_bytes": state.limits.max_workspace_bytes,
+            "snapshots": len(state.snapshots),
+        }
+
+    snapshotter = InMemorySnapshotter(state, make_ref) if "snapshot" in capabilities else None
+    return ModularWorkspace(
+        state.workspace_id,
+        fs=InMemoryFileSystem(state),
+        snapshot=snapshotter,
+        on_close=on_close,
+        details=details,
+    )

@@ -1,0 +1,126 @@
+"""Snapshots of an in-memory workspace: structural copies of its tree.
+
+A snapshot copies directory nodes and shares the immutable file nodes, so
+taking one costs one dict per directory whatever the data size. Restoring
+copies the snapshot's tree back (the snapshot itself is never mutated) and
+keeps the workspace's identity, so ``restore`` returns the same ref.
+Snapshots do not count against the byte budget (they share file data with
+the live tree); ``max_snapshots`` bounds how many a workspace holds.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from typing import Final
+
+import anyio.lowlevel
+
+from corral import OperationError, SnapshotInfo, WorkspaceRef, ensure_open
+
+from ._store import StoredSnapshot, WorkspaceState, new_workspace
+
+__all__ = ["MAX_LABEL_LENGTH", "InMemorySnapshotter"]
+
+MAX_LABEL_LENGTH: Final = 200
+
+
+def _info(snap: StoredSnapshot) -> SnapshotInfo:
+    return SnapshotInfo(
+        snapshot_id=snap.snapshot_id,
+        created_at=snap.created_at,
+        label=snap.label,
+        size_bytes=snap.tree.file_bytes,
+    )
+
+
+def _unknown(snapshot_id: str) -> OperationError:
+    shown = snapshot_id if len(snapshot_id) <= 64 and snapshot_id.isprintable() else "given"
+    return OperationError(f"no snapshot {shown!r} in this workspace", code="not_found")
+
+
+class InMemorySnapshotter:
+    """Point-in-time copies of one in-memory workspace (see :class:`corral.Snapshotter`).
+
+    Args:
+        state: The workspace's state in the process-wide store.
+        make_ref: Builds the ref of a workspace id (same capabilities as this one).
+    """
+
+    def __init__(self, state: WorkspaceState, make_ref: Callable[[str], WorkspaceRef]) -> None:
+        self._state = state
+        self._make_ref = make_ref
+
+    async def _enter(self) -> WorkspaceState:
+        await anyio.lowlevel.checkpoint()
+        ensure_open(self._state.closed)
+        return self._state
+
+    @staticmethod
+    def _check_id(snapshot_id: object) -> str:
+        if not isinstance(snapshot_id, str) or not snapshot_id:
+            raise OperationError("snapshot_id must be a non-empty string", code="invalid_argument")
+        return snapshot_id
+
+    def _get(self, state: WorkspaceState, snapshot_id: str) -> StoredSnapshot:
+        snap = state.snapshots.get(snapshot_id)
+        if snap is None:
+            raise _unknown(snapshot_id)
+        return snap
+
+    async def snapshot(self, label: str | None = None) -> SnapshotInfo:
+        """Store the current tree and describe the snapshot."""
+        if label is not None and (not isinstance(label, str) or len(label) > MAX_LABEL_LENGTH):
+            raise OperationError(
+                f"label must be a string of at most {MAX_LABEL_LENGTH} characters",
+                code="invalid_argument",
+            )
+        state = await self._enter()
+        with state.lock:
+            cap = state.limits.max_snapshots
+            if len(state.snapshots) >= cap:
+                raise OperationError(
+                    f"this workspace already holds {cap} snapshots; delete one first",
+                    code="too_large",
+                )
+            snap = StoredSnapshot(
+                snapshot_id="snap-" + secrets.token_hex(12),
+                created_at=time.time(),
+                label=label,
+                tree=state.tree.copy(),
+            )
+            state.snapshots[snap.snapshot_id] = snap
+        return _info(snap)
+
+    async def restore(self, snapshot_id: str) -> WorkspaceRef:
+        """Replace the workspace's tree with the snapshot's; return the same ref."""
+        snapshot_id = self._check_id(snapshot_id)
+        state = await self._enter()
+        with state.lock:
+            state.tree = self._get(state, snapshot_id).tree.copy()
+        return self._make_ref(state.workspace_id)
+
+    async def list(self) -> Sequence[SnapshotInfo]:
+        """Snapshots of this workspace, oldest first."""
+        state = await self._enter()
+        with state.lock:
+            snaps = list(state.snapshots.values())
+        return [_info(snap) for snap in snaps]
+
+    async def delete(self, snapshot_id: str) -> None:
+        """Forget a snapshot; an unknown id is ``not_found``."""
+        snapshot_id = self._check_id(snapshot_id)
+        state = await self._enter()
+        with state.lock:
+            self._get(state, snapshot_id)
+            del state.snapshots[snapshot_id]
+
+    async def branch(self, snapshot_id: str) -> WorkspaceRef:
+        """Create a new workspace (new id, no snapshots) seeded from a snapshot."""
+        snapshot_id = self._check_id(snapshot_id)
+        state = await self._enter()
+        with state.lock:
+            tree = self._get(state, snapshot_id).tree.copy()
+        branch = new_workspace(state.limits, tree)
+        return self._make_ref(branch.workspace_id)

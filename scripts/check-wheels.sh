@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Proves every distribution is separately installable: each wheel goes alone
+# into a fresh venv, with only the dependencies it declares (our own from the
+# wheels dir, third-party ones from the package index), and its module imports.
+set -euo pipefail
+dist=${1:-dist}
+uv=$(command -v uv || echo "$PWD/.tools/bin/uv")
+declare -A module=(
+  [corral_core]=corral [corral_posix_core]=corral_posix [corral_memory]=corral_memory
+  [corral_local_bash]=corral_local_bash [corral_local_sandbox]=corral_local_sandbox
+  [corral_docker]=corral_docker [corral_conformance]=corral_conformance [corral_mcp]=corral_mcp
+)
+status=0
+for wheel in "$dist"/*.whl; do
+  name=$(basename "$wheel" | cut -d- -f1)
+  mod=${module[$name]:?unknown wheel $name}
+  venv=$(mktemp -d)
+  "$uv" venv --quiet --python python3 "$venv"
+  if "$uv" pip install --quiet --python "$venv/bin/python" --find-links "$dist" "$wheel" \
+     && "$venv/bin/python" -c "import $mod"; then
+    echo "ok    $name -> import $mod"
+  else
+    echo "FAIL  $name"; status=1
+  fi
+  if [ "$name" = corral_memory ]; then
+    # corral-core + corral-memory alone: the provider is found through its entry point.
+    "$venv/bin/corral" providers | tee /dev/stderr | grep -q '^in-memory' || { echo "FAIL  corral providers misses in-memory"; status=1; }
+  fi
+  rm -rf "$venv"
+done
+exit $status
