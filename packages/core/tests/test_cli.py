@@ -45,16 +45,35 @@ def test_call_resumes_the_workspace_in_a_new_process(tmp_path: Path) -> None:
     root.mkdir()
     opts = json.dumps({"tmpdir_root": str(root)})
     write = corral(
-        tmp_path, "call", "--provider", "local-bash", "--provider-options", opts, "--session", "s1",
-        "--json", "workspace_write_file", '{"path": "/notes/a.txt", "content": "hello"}',
+        tmp_path,
+        "call",
+        "--provider",
+        "local-bash",
+        "--provider-options",
+        opts,
+        "--session",
+        "s1",
+        "--json",
+        "workspace_write_file",
+        '{"path": "/notes/a.txt", "content": "hello"}',
     )
     assert write.returncode == 0, write.stderr
     assert as_json(write)["is_error"] is False
     # A second process: provider, options and capabilities come from the store.
-    read = corral(tmp_path, "call", "--session", "s1", "--json", "workspace_read_file", '{"path": "notes/a.txt"}')
+    read = corral(
+        tmp_path,
+        "call",
+        "--session",
+        "s1",
+        "--json",
+        "workspace_read_file",
+        '{"path": "notes/a.txt"}',
+    )
     assert read.returncode == 0, read.stderr
     assert as_json(read)["content"] == "hello"
-    run = corral(tmp_path, "call", "--session", "s1", "workspace_run", '{"command": "cat notes/a.txt"}')
+    run = corral(
+        tmp_path, "call", "--session", "s1", "workspace_run", '{"command": "cat notes/a.txt"}'
+    )
     assert json.loads(run.stdout)["stdout"] == "hello"
     sessions = as_json(corral(tmp_path, "sessions", "--json", check=True))
     assert [s["session_id"] for s in sessions] == ["s1"]
@@ -66,11 +85,19 @@ def test_call_resumes_the_workspace_in_a_new_process(tmp_path: Path) -> None:
 
 def test_in_memory_workspace_is_reported_lost_across_processes(tmp_path: Path) -> None:
     first = corral(
-        tmp_path, "call", "--provider", "in-memory", "--session", "m", "workspace_write_file",
+        tmp_path,
+        "call",
+        "--provider",
+        "in-memory",
+        "--session",
+        "m",
+        "workspace_write_file",
         '{"path": "/a", "content": "x"}',
     )
     assert first.returncode == 0, first.stderr
-    second = corral(tmp_path, "call", "--session", "m", "--json", "workspace_read_file", '{"path": "/a"}')
+    second = corral(
+        tmp_path, "call", "--session", "m", "--json", "workspace_read_file", '{"path": "/a"}'
+    )
     assert second.returncode == 1
     result = as_json(second)
     assert result["is_error"] is True
@@ -79,7 +106,16 @@ def test_in_memory_workspace_is_reported_lost_across_processes(tmp_path: Path) -
 
 
 def test_tool_errors_are_one_line_and_nonzero(tmp_path: Path) -> None:
-    proc = corral(tmp_path, "call", "--provider", "in-memory", "--session", "e", "workspace_read_file", '{"path": "/../x"}')
+    proc = corral(
+        tmp_path,
+        "call",
+        "--provider",
+        "in-memory",
+        "--session",
+        "e",
+        "workspace_read_file",
+        '{"path": "/../x"}',
+    )
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0
     assert "escapes the workspace root" in proc.stderr
@@ -90,13 +126,32 @@ def test_tool_errors_are_one_line_and_nonzero(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["call", "--session", "x", "workspace_ls", "{not json"], "ARGS_JSON is not valid JSON"),
-        (["call", "--provider", "nope", "--session", "x", "workspace_ls"], "unknown provider kind 'nope'"),
-        (["call", "--provider", "in-memory", "--session", "x", "--capabilities", '{"fs": {"size": 1}}', "workspace_ls"],
-         "capabilities.fs: unknown option 'size'"),
-        (["tools", "--provider", "in-memory", "--capabilities", "[1]"], "--capabilities must be a JSON object"),
+        (
+            ["call", "--provider", "nope", "--session", "x", "workspace_ls"],
+            "unknown provider kind 'nope'",
+        ),
+        (
+            [
+                "call",
+                "--provider",
+                "in-memory",
+                "--session",
+                "x",
+                "--capabilities",
+                '{"fs": {"size": 1}}',
+                "workspace_ls",
+            ],
+            "capabilities.fs: unknown option 'size'",
+        ),
+        (
+            ["tools", "--provider", "in-memory", "--capabilities", "[1]"],
+            "--capabilities must be a JSON object",
+        ),
     ],
 )
-def test_usage_and_config_errors_exit_2_without_traceback(tmp_path: Path, args: list[str], message: str) -> None:
+def test_usage_and_config_errors_exit_2_without_traceback(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
     proc = corral(tmp_path, *args)
     assert proc.returncode == 2
     assert message in proc.stderr
@@ -104,8 +159,12 @@ def test_usage_and_config_errors_exit_2_without_traceback(tmp_path: Path, args: 
 
 
 def test_tools_exports_openai_and_anthropic_specs(tmp_path: Path) -> None:
-    openai = as_json(corral(tmp_path, "tools", "--provider", "in-memory", "--format", "openai", check=True))
-    anthropic = as_json(corral(tmp_path, "tools", "--provider", "in-memory", "--format", "anthropic", check=True))
+    openai = as_json(
+        corral(tmp_path, "tools", "--provider", "in-memory", "--format", "openai", check=True)
+    )
+    anthropic = as_json(
+        corral(tmp_path, "tools", "--provider", "in-memory", "--format", "anthropic", check=True)
+    )
     names = [t["function"]["name"] for t in openai]
     assert names == [t["name"] for t in anthropic]
     assert "workspace_snapshot" in names

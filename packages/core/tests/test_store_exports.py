@@ -36,7 +36,9 @@ async def test_tampered_store_row_is_rejected_cleanly(tmp_path: Path) -> None:
     store = RefStore(tmp_path / "s.db")
     await store.save("s1", "local-bash", WorkspaceRef("local-bash", {}, {"fs"}, 2))
     with sqlite3.connect(tmp_path / "s.db") as conn:
-        conn.execute("UPDATE sessions SET ref_json = ?", ('{"provider_id": "x", "payload": "<<EVIL>>"}',))
+        conn.execute(
+            "UPDATE sessions SET ref_json = ?", ('{"provider_id": "x", "payload": "<<EVIL>>"}',)
+        )
     with pytest.raises(WorkspaceFailedError) as info:
         await store.load("s1")
     assert "<<EVIL>>" not in str(info.value)

@@ -1,0 +1,113 @@
+"""The README's code runs: the quick example and both agent loops (against stub models)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+README = Path(__file__).parents[3] / "README.md"
+pytestmark = pytest.mark.anyio
+
+
+def blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+
+
+def loop_block(marker: str) -> dict[str, Any]:
+    code = next(b for b in blocks() if b.startswith(marker))
+    namespace: dict[str, Any] = {}
+    exec(compile(code, str(README), "exec"), namespace)  # noqa: S102 - our own README
+    return namespace
+
+
+class Dumpable(SimpleNamespace):
+    def model_dump(self, exclude_none: bool = False) -> dict[str, Any]:
+        def plain(v: Any) -> Any:
+            if isinstance(v, Dumpable):
+                return v.model_dump(exclude_none)
+            if isinstance(v, list):
+                return [plain(x) for x in v]
+            return v
+
+        return {k: plain(v) for k, v in vars(self).items() if not (exclude_none and v is None)}
+
+
+class StubOpenAI:
+    """Writes a script, runs it, then answers with what the tool printed."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+        self.seen_tools: list[str] = []
+        self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
+
+    def _call(self, name: str, args: dict[str, Any]) -> Dumpable:
+        return Dumpable(
+            id=f"call-{self.turn}",
+            type="function",
+            function=Dumpable(name=name, arguments=json.dumps(args)),
+        )
+
+    async def create(self, *, model: str, messages: list[Any], tools: list[Any]) -> Any:
+        self.seen_tools = [t["function"]["name"] for t in tools]
+        self.turn += 1
+        if self.turn == 1:
+            calls = [
+                self._call("workspace_write_file", {"path": "/hi.py", "content": "print(6*7)"})
+            ]
+            message = Dumpable(role="assistant", content=None, tool_calls=calls)
+        elif self.turn == 2:
+            message = Dumpable(
+                role="assistant",
+                content=None,
+                tool_calls=[self._call("workspace_run", {"command": "python3 hi.py"})],
+            )
+        else:
+            last = json.loads(messages[-1]["content"])
+            message = Dumpable(
+                role="assistant", content=f"it printed {last['stdout'].strip()}", tool_calls=None
+            )
+        return SimpleNamespace(choices=[SimpleNamespace(message=message)])
+
+
+class StubAnthropic:
+    def __init__(self) -> None:
+        self.turn = 0
+        self.messages = SimpleNamespace(create=self.create)
+
+    async def create(
+        self, *, model: str, max_tokens: int, messages: list[Any], tools: list[Any]
+    ) -> Any:
+        self.turn += 1
+        if self.turn == 1:
+            block = Dumpable(
+                type="tool_use", id="tu-1", name="workspace_run", input={"command": "echo hello"}
+            )
+            return SimpleNamespace(content=[block], stop_reason="tool_use")
+        result = messages[-1]["content"][0]
+        assert result["type"] == "tool_result"
+        assert result["is_error"] is False
+        text = Dumpable(type="text", text=f"got {json.loads(result['content'])['stdout'].strip()}")
+        return SimpleNamespace(content=[text], stop_reason="end_turn")
+
+
+async def test_openai_loop_from_the_readme() -> None:
+    agent = loop_block("# OpenAI Chat Completions")["openai_agent"]
+    client = StubOpenAI()
+    assert await agent(client, "stub", "compute") == "it printed 42"
+    assert "workspace_run" in client.seen_tools
+
+
+async def test_anthropic_loop_from_the_readme() -> None:
+    agent = loop_block("# Anthropic Messages")["anthropic_agent"]
+    assert await agent(StubAnthropic(), "stub", "greet") == "got hello"
+
+
+def test_quick_example_from_the_readme(capsys: pytest.CaptureFixture[str]) -> None:
+    code = next(b for b in blocks() if "anyio.run(main)" in b)
+    exec(compile(code, str(README), "exec"), {})  # noqa: S102 - our own README
+    assert capsys.readouterr().out.splitlines() == ["hi", "10"]
