@@ -17,8 +17,9 @@ for wheel in "$dist"/*.whl; do
   venv=$(mktemp -d)
   "$uv" venv --quiet --python python3 "$venv"
   if "$uv" pip install --quiet --python "$venv/bin/python" --find-links "$dist" "$wheel" \
-     && "$venv/bin/python" -c "import $mod"; then
-    echo "ok    $name -> import $mod"
+     && "$venv/bin/python" -c "import $mod" \
+     && "$venv/bin/python" -c "import corral; ps = corral.load_plugins(); assert not ps.failed, dict(ps.failed)"; then
+    echo "ok    $name -> import $mod; its plugins load"
   else
     echo "FAIL  $name"; status=1
   fi

@@ -42,12 +42,6 @@ async def test_shell_runs_in_the_workspace(
 
 
 @pytest.mark.anyio
-@pytest.mark.xfail(
-    raises=BaseExceptionGroup,
-    strict=False,
-    reason="SubprocessShell.run leaks ConnectionResetError when aclose() kills a running "
-    "command (posix-core _shell.py, reported to its owner)",
-)
 async def test_close_stops_running_commands(provider: LocalBashProvider) -> None:
     opened = await provider.open(CONFIG, SessionRef("sh"), frozenset({"shell"}))
     ws = opened.workspace

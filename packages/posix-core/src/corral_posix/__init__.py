@@ -7,4 +7,42 @@ snapshot store that local-bash, local-sandbox and docker share.
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from ._fs import TmpdirFileSystem
+from ._guard import GuardedCommand, ShellGuard
+from ._layout import TmpdirLayout, TmpdirRefPayload, remove_tree, sanitize_session_id
+from ._provider import DEFAULT_MAX_FILE_BYTES, TmpdirWorkspaceProvider
+from ._resolve import Resolver, open_beneath, openat2_available
+from ._shell import ResourceLimits, SubprocessShell
+from ._snapshots import Reattachable, TmpdirSnapshotter, exchange_dirs
+from ._wrapper import (
+    IDENTITY_WRAPPER,
+    CommandWrapper,
+    IdentityWrapper,
+    WrapContext,
+    WrappedCommand,
+)
+
+__all__: list[str] = [
+    "DEFAULT_MAX_FILE_BYTES",
+    "IDENTITY_WRAPPER",
+    "CommandWrapper",
+    "GuardedCommand",
+    "IdentityWrapper",
+    "Reattachable",
+    "Resolver",
+    "ResourceLimits",
+    "ShellGuard",
+    "SubprocessShell",
+    "TmpdirFileSystem",
+    "TmpdirLayout",
+    "TmpdirRefPayload",
+    "TmpdirSnapshotter",
+    "TmpdirWorkspaceProvider",
+    "WrapContext",
+    "WrappedCommand",
+    "exchange_dirs",
+    "open_beneath",
+    "openat2_available",
+    "remove_tree",
+    "sanitize_session_id",
+]

@@ -1,0 +1,176 @@
+"""The bubblewrap command line, protected-path mounts and the sandbox environment."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import corral
+from corral_local_sandbox import (
+    BwrapFeatures,
+    BwrapWrapper,
+    NetworkPolicy,
+    ProtectedPath,
+    SandboxPolicy,
+    build_bwrap_args,
+)
+from corral_local_sandbox._bwrap import sandbox_env
+from corral_posix._wrapper import WrapContext
+
+FEATURES = BwrapFeatures(disable_userns=True, tmpfs_size=True)
+
+
+def _args(root: Path, **kw: object) -> list[str]:
+    policy = kw.pop("policy", SandboxPolicy(protected_paths=()))
+    return build_bwrap_args(
+        host_root=str(root),
+        host_cwd=str(kw.pop("cwd", root)),
+        policy=policy,  # type: ignore[arg-type]
+        features=kw.pop("features", FEATURES),  # type: ignore[arg-type]
+        seccomp=bool(kw.pop("seccomp", True)),
+    )
+
+
+def _pairs(args: list[str], flag: str) -> list[tuple[str, str]]:
+    return [(args[i + 1], args[i + 2]) for i, a in enumerate(args) if a == flag]
+
+
+def test_hardening_flags(tmp_path: Path) -> None:
+    args = _args(tmp_path)
+    for flag in ("--new-session", "--die-with-parent", "--unshare-all", "--disable-userns"):
+        assert flag in args
+    assert args[args.index("--cap-drop") + 1] == "ALL"
+    assert args[args.index("--seccomp") + 1] == "9"
+    assert "--share-net" not in args
+    assert tuple(a for a in args if a in ("/proc", "/dev")) >= ("/proc", "/dev")
+    assert (str(tmp_path), "/workspace") in _pairs(args, "--bind")
+    assert args[args.index("--chdir") - 2 : args.index("--chdir")] == ["--remount-ro", "/"]
+    assert args[args.index("--chdir") + 1] == "/workspace"
+    tmpfs = [args[i + 1] for i, a in enumerate(args) if a == "--tmpfs"]
+    assert {"/tmp", "/home/sandbox", "/dev/shm"} <= set(tmpfs)
+    assert all(
+        args[i - 2] == "--size"
+        for i, a in enumerate(args)
+        if a == "--tmpfs" and args[i + 1] in ("/tmp", "/home/sandbox")
+    )
+
+
+def test_system_is_read_only_and_secrets_masked(tmp_path: Path) -> None:
+    args = _args(tmp_path)
+    ro = _pairs(args, "--ro-bind")
+    assert ("/usr", "/usr") in ro or "/usr" in list(args)
+    assert ("/etc", "/etc") in ro
+    if os.path.exists("/etc/shadow"):
+        assert ("/dev/null", "/etc/shadow") in ro
+    host_home = os.path.expanduser("~")
+    assert all(
+        not src.startswith(host_home + "/") and src != host_home
+        for src, _ in ro + _pairs(args, "--bind")
+        if src != str(tmp_path)
+    )
+
+
+def test_network_on_and_old_bwrap(tmp_path: Path) -> None:
+    args = _args(
+        tmp_path,
+        policy=SandboxPolicy(network=NetworkPolicy("on"), protected_paths=()),
+        features=BwrapFeatures(),
+        seccomp=False,
+    )
+    assert "--share-net" in args
+    assert "--disable-userns" not in args
+    assert "--size" not in args
+    assert "--seccomp" not in args
+
+
+def test_cwd_maps_into_the_sandbox_and_must_stay_inside(tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    args = _args(tmp_path, cwd=tmp_path / "a" / "b")
+    assert args[args.index("--chdir") + 1] == "/workspace/a/b"
+    with pytest.raises(corral.OperationError) as info:
+        _args(tmp_path / "a", cwd=tmp_path)
+    assert info.value.code == "invalid_path"
+
+
+def test_protected_paths_placeholders_and_ancestors(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "config").write_text("[core]\n")
+    policy = SandboxPolicy(
+        protected_paths=(
+            ProtectedPath(".git/hooks", True),
+            ProtectedPath(".git/config"),
+            ProtectedPath(".bashrc"),
+        )
+    )
+    args = _args(tmp_path, policy=policy)
+    assert (
+        tmp_path / ".git" / "hooks"
+    ).is_dir()  # placeholder made, so it cannot be created inside
+    assert (tmp_path / ".bashrc").is_file()
+    assert (tmp_path / ".bashrc").read_bytes() == b""
+    assert (tmp_path / ".git" / "config").read_text() == "[core]\n"
+    binds = _pairs(args, "--bind")
+    ro = _pairs(args, "--ro-bind")
+    assert (str(tmp_path / ".git"), "/workspace/.git") in binds  # ancestor pinned: no mv .git
+    for rel in (".git/hooks", ".git/config", ".bashrc"):
+        assert (str(tmp_path / rel), f"/workspace/{rel}") in ro
+    order = [args.index(str(tmp_path / p)) for p in (".git", ".git/hooks")]
+    assert order == sorted(order)
+
+
+def test_protected_path_under_a_file_binds_the_file(tmp_path: Path) -> None:
+    (tmp_path / ".git").write_text("gitdir: elsewhere\n")  # a worktree's .git file
+    policy = SandboxPolicy(protected_paths=(ProtectedPath(".git/hooks", True),))
+    args = _args(tmp_path, policy=policy)
+    assert (str(tmp_path / ".git"), "/workspace/.git") in _pairs(args, "--ro-bind")
+
+
+@pytest.mark.parametrize("link", [".git", ".git/hooks"])
+def test_protected_symlinks_are_refused(tmp_path: Path, link: str) -> None:
+    target = tmp_path.parent / f"outside-{link.replace('/', '_')}"
+    target.mkdir(exist_ok=True)
+    if link == ".git/hooks":
+        (tmp_path / ".git").mkdir()
+    (tmp_path / link).symlink_to(target)
+    policy = SandboxPolicy(protected_paths=(ProtectedPath(".git/hooks", True),))
+    with pytest.raises(corral.OperationError) as info:
+        _args(tmp_path, policy=policy)
+    assert info.value.code == "policy_denied"
+    assert str(target) not in info.value.message
+
+
+@pytest.mark.parametrize("bad", ["", "/abs", "a/../b", "./x", "a//b"])
+def test_protected_path_validation(bad: str) -> None:
+    with pytest.raises(ValueError, match="relative path"):
+        ProtectedPath(bad)
+
+
+def test_wrapper_keeps_secrets_off_the_command_line(tmp_path: Path) -> None:
+    wrapper = BwrapWrapper(
+        "/usr/bin/bwrap",
+        "/usr/bin/prlimit",
+        SandboxPolicy(protected_paths=()),
+        FEATURES,
+        seccomp_file="/x/filter.bpf",
+    )
+    env = {"PATH": "/root/.venv/bin:/usr/bin:/bin", "API_TOKEN": "s3cr3t-value", "PWD": "/host"}
+    launch = wrapper.wrap(["sh", "-c", "echo hi"], WrapContext(str(tmp_path), str(tmp_path), env))
+    assert not any("s3cr3t" in a for a in launch.argv)
+    assert "--setenv" not in launch.argv
+    assert "--clearenv" not in launch.argv
+    assert launch.argv[0] == "/bin/sh"
+    assert launch.argv[6] == "/usr/bin/bwrap"
+    assert launch.argv[-3:] == ("sh", "-c", "echo hi")
+    assert "/usr/bin/prlimit" in launch.argv
+    assert "--nproc=256:256" in launch.argv
+    assert launch.env["HOME"] == "/home/sandbox"
+    assert launch.env["TMPDIR"] == "/tmp"
+    assert launch.env["PATH"] == "/usr/bin:/bin"
+    assert "PWD" not in launch.env
+    assert launch.pass_fds == ()
+
+
+def test_sandbox_env_defaults_path() -> None:
+    assert sandbox_env({})["PATH"].startswith("/usr/local/bin")

@@ -1,0 +1,330 @@
+"""On-disk layout and ref payload shared by every tmpdir-backed provider.
+
+Under ``tmpdir_root`` (default :func:`tempfile.gettempdir`) each provider
+owns one base directory, private to the current user::
+
+    <tmpdir_root>/corral-<provider_id>-<uid>/        0o700, owned by us
+        ws-<session>-<random>/                       one workspace (mkdtemp)
+        state/ws-<session>-<random>/marker.json      "this directory is ours"
+        state/ws-<session>-<random>/snapshots/       its snapshot tarballs
+        .tmp-*, .trash-*                             restores and removals in flight
+
+The uid in the base name keeps users sharing ``/tmp`` from colliding, and
+the base is refused when another user owns it or anyone else may write to
+it: on a shared ``/tmp`` a base planted by someone else could redirect every
+workspace. The marker lives outside the workspace so the agent neither sees
+nor edits it; a directory without one is not resolved.
+
+A ref carries only the workspace's *name*, never a free path: resolve joins
+it to the configured base after checking it against the name pattern, then
+opens it with ``O_NOFOLLOW`` from the base's directory fd.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import shutil
+import stat
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Final
+
+import attrs
+
+from corral import WorkspaceFailedError
+
+__all__ = [
+    "MARKER_NAME",
+    "TmpdirLayout",
+    "TmpdirRefPayload",
+    "remove_tree",
+    "sanitize_session_id",
+]
+
+MARKER_NAME: Final = "marker.json"
+_STATE: Final = "state"
+_SNAPSHOTS: Final = "snapshots"
+_MAX_SID: Final = 32
+_SCRATCH_MAX_AGE_S: Final = 3600
+_NAME_RE: Final = re.compile(r"ws-[A-Za-z0-9_-]{1,32}-[a-z0-9_]{8}")
+_SID_BAD: Final = re.compile(r"[^A-Za-z0-9_-]")
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@attrs.frozen(kw_only=True)
+class TmpdirRefPayload:
+    """The ref payload of a tmpdir workspace: what resolve needs, nothing live or secret.
+
+    Attributes:
+        workspace: Directory name of the workspace under the base (not a path).
+        base_dir: The base directory it was created under; resolve refuses a
+            ref whose base differs from the provider's configured one.
+        max_file_bytes: File size cap the filesystem was opened with.
+        allow_leaf_symlinks: Whether the filesystem follows leaf symlinks.
+    """
+
+    workspace: str
+    base_dir: str
+    max_file_bytes: int
+    allow_leaf_symlinks: bool = False
+
+
+def sanitize_session_id(session_id: str) -> str:
+    """A session id reduced to ``[A-Za-z0-9_-]``, at most 32 characters."""
+    clean = _SID_BAD.sub("_", session_id)[:_MAX_SID]
+    return clean or "_"
+
+
+def _rmtree_onerror(func: Callable[..., Any], path: str, _exc: Any) -> None:
+    # A read-only directory (chmod 500 by the agent) blocks unlinking its
+    # children; make the parent writable and retry once.
+    parent = os.path.dirname(path)
+    with contextlib.suppress(OSError):
+        os.chmod(parent, 0o700, follow_symlinks=False)
+    with contextlib.suppress(FileNotFoundError):
+        func(path)
+
+
+def remove_tree(path: str) -> None:
+    """Remove a directory tree without following symlinks; a missing tree is fine."""
+    try:
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(path, onexc=_rmtree_onerror)
+        else:
+            shutil.rmtree(path, onerror=_rmtree_onerror)
+    except FileNotFoundError:
+        pass
+
+
+class TmpdirLayout:
+    """The directories of one provider under one ``tmpdir_root``.
+
+    All methods block; callers run them in a worker thread.
+
+    Args:
+        provider_id: Names the base directory and the marker.
+        tmpdir_root: Parent of the base directory; default the system temp dir.
+    """
+
+    def __init__(self, provider_id: str, tmpdir_root: str | os.PathLike[str] | None = None) -> None:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", provider_id):
+            raise ValueError("provider_id must be a short lowercase identifier")
+        root = os.fspath(tmpdir_root) if tmpdir_root is not None else tempfile.gettempdir()
+        if not os.path.isabs(root):
+            raise ValueError("tmpdir_root must be an absolute path")
+        self.provider_id = provider_id
+        self.tmpdir_root = os.path.realpath(root)
+        self.base_dir = os.path.join(self.tmpdir_root, f"corral-{provider_id}-{os.geteuid()}")
+
+    def _fail(self, message: str, *, transient: bool = False) -> WorkspaceFailedError:
+        return WorkspaceFailedError(
+            f"{self.provider_id}: {message}", provider_id=self.provider_id, transient=transient
+        )
+
+    # -- the base directory -------------------------------------------------
+
+    @contextlib.contextmanager
+    def _base_fd(self, *, create: bool) -> Iterator[int]:
+        if create:
+            try:
+                os.makedirs(self.tmpdir_root, mode=0o700, exist_ok=True)
+                os.mkdir(self.base_dir, 0o700)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise self._fail("cannot create the workspace base directory") from exc
+        try:
+            fd = os.open(self.base_dir, _DIR_FLAGS)
+        except FileNotFoundError:
+            raise self._fail("workspace was lost: its base directory no longer exists") from None
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise self._fail("the workspace base directory is not a real directory") from None
+            raise self._fail("cannot open the workspace base directory") from exc
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid():
+                raise self._fail("the workspace base directory is owned by another user")
+            if st.st_mode & 0o022:
+                raise self._fail("the workspace base directory is writable by other users")
+            if st.st_mode & 0o077:
+                os.fchmod(fd, 0o700)
+            yield fd
+        finally:
+            os.close(fd)
+
+    def check_base(self) -> None:
+        """Create the base directory if needed and check who owns it.
+
+        Raises:
+            WorkspaceFailedError: The base is a symlink, not ours, or writable by others.
+        """
+        with self._base_fd(create=True):
+            pass
+
+    # -- paths ---------------------------------------------------------------
+
+    def workspace_path(self, name: str) -> str:
+        """Absolute path of a workspace directory (``name`` already validated)."""
+        return os.path.join(self.base_dir, name)
+
+    def state_path(self, name: str) -> str:
+        """The per-workspace state directory (marker and snapshots)."""
+        return os.path.join(self.base_dir, _STATE, name)
+
+    def snapshot_path(self, name: str) -> str:
+        """Where a workspace's snapshot tarballs live."""
+        return os.path.join(self.base_dir, _STATE, name, _SNAPSHOTS)
+
+    def is_workspace_name(self, name: object) -> bool:
+        """Whether a value has the shape of a workspace directory name."""
+        return isinstance(name, str) and _NAME_RE.fullmatch(name) is not None
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def create_workspace(self, session_id: str) -> str:
+        """Create a fresh, empty workspace and its state directory; return its name.
+
+        Raises:
+            WorkspaceFailedError: The base directory is unusable or the disk refused.
+        """
+        self.check_base()
+        self._sweep_scratch()
+        try:
+            path = tempfile.mkdtemp(
+                prefix=f"ws-{sanitize_session_id(session_id)}-", dir=self.base_dir
+            )
+        except OSError as exc:
+            raise self._fail("cannot create the workspace directory", transient=True) from exc
+        name = os.path.basename(path)
+        try:
+            os.makedirs(self.snapshot_path(name), mode=0o700, exist_ok=False)
+            self._write_marker(name)
+        except OSError as exc:
+            self.remove_workspace(name)
+            raise self._fail("cannot create the workspace state directory") from exc
+        return name
+
+    def _write_marker(self, name: str) -> None:
+        body = json.dumps({"provider_id": self.provider_id, "workspace": name}).encode()
+        final = os.path.join(self.state_path(name), MARKER_NAME)
+        tmp = f"{final}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, body)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+
+    def _marker_ok(self, base_fd: int, name: str) -> bool:
+        try:
+            state_fd = os.open(_STATE, _DIR_FLAGS, dir_fd=base_fd)
+        except OSError:
+            return False
+        try:
+            ws_state = os.open(name, _DIR_FLAGS, dir_fd=state_fd)
+        except OSError:
+            os.close(state_fd)
+            return False
+        os.close(state_fd)
+        try:
+            fd = os.open(
+                MARKER_NAME,
+                os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                dir_fd=ws_state,
+            )
+        except OSError:
+            return False
+        finally:
+            os.close(ws_state)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > 4096:
+                return False
+            data = json.loads(os.read(fd, 4096))
+        except (OSError, ValueError):
+            return False
+        finally:
+            os.close(fd)
+        return bool(data == {"provider_id": self.provider_id, "workspace": name})
+
+    def locate(self, payload: TmpdirRefPayload) -> str:
+        """Check that a ref's workspace is one of ours and still there; return its path.
+
+        Raises:
+            WorkspaceFailedError: The ref points elsewhere than this provider's
+                base, the directory is not a workspace of ours, or the
+                workspace was lost (removed by close, a temp cleaner or a reboot).
+        """
+        if payload.base_dir != self.base_dir:
+            raise self._fail("the workspace ref was made for a different tmpdir_root")
+        if not self.is_workspace_name(payload.workspace):
+            raise self._fail("the workspace ref does not name a workspace directory")
+        name = payload.workspace
+        with self._base_fd(create=False) as base_fd:
+            try:
+                fd = os.open(name, _DIR_FLAGS, dir_fd=base_fd)
+            except FileNotFoundError:
+                raise self._fail(
+                    "workspace was lost: its directory no longer exists (closed, or "
+                    "removed by a temp cleaner or reboot); open a new workspace"
+                ) from None
+            except OSError:
+                raise self._fail("the workspace ref does not name a workspace directory") from None
+            try:
+                if os.fstat(fd).st_uid != os.geteuid():
+                    raise self._fail("the workspace directory is owned by another user")
+            finally:
+                os.close(fd)
+            if not self._marker_ok(base_fd, name):
+                raise self._fail("the directory named by the ref is not a workspace of ours")
+        return self.workspace_path(name)
+
+    def _sweep_scratch(self) -> None:
+        # Scratch trees of a restore or removal that crashed; an hour is far
+        # longer than any restore, so a live one is never touched.
+        cutoff = time.time() - _SCRATCH_MAX_AGE_S
+        try:
+            entries = list(os.scandir(self.base_dir))
+        except OSError:
+            return
+        for entry in entries:
+            if not entry.name.startswith((".tmp-", ".trash-")):
+                continue
+            try:
+                if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                    remove_tree(entry.path)
+            except OSError:
+                continue
+
+    def new_temp_dir(self, kind: str) -> str:
+        """A private scratch directory beside the workspaces (``.tmp-``/``.trash-``)."""
+        self.check_base()
+        return tempfile.mkdtemp(prefix=f".{kind}-", dir=self.base_dir)
+
+    def remove_workspace(self, name: str) -> None:
+        """Remove a workspace, its marker and its snapshots; missing parts are fine.
+
+        The directory is first renamed aside so it vanishes from resolve at
+        once, even if the recursive removal is slow or interrupted.
+        """
+        if not self.is_workspace_name(name):
+            raise ValueError("not a workspace name")
+        path = self.workspace_path(name)
+        trash = os.path.join(self.base_dir, f".trash-{name}")
+        try:
+            os.rename(path, trash)
+        except FileNotFoundError:
+            trash = ""
+        except OSError:
+            trash = path
+        if trash:
+            remove_tree(trash)
+        remove_tree(self.state_path(name))

@@ -1,0 +1,296 @@
+"""Directory walks beneath a root fd: ls, glob and grep.
+
+Walks descend through directory fds opened ``O_NOFOLLOW | O_DIRECTORY``
+relative to their parent, so a symlink is listed but never entered, and a
+directory swapped for a symlink mid-walk is skipped. Depth and entry count
+are capped; a directory seen twice on the current path (a bind-mount loop)
+is not entered again. Entries are visited in the order of their full paths
+(a directory sorts as ``name/``), so grep's matches come out sorted and its
+``max_results`` cut is the first N in that order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Generator, Iterator, Sequence
+from typing import Final
+
+import attrs
+
+from corral import (
+    FileEntry,
+    GrepMatch,
+    GrepOptions,
+    GrepResult,
+    Matcher,
+    OperationError,
+    glob_match,
+    is_binary,
+    join_path,
+    path_parts,
+)
+
+from ._fileops import READ_FLAGS, FsConfig, file_type, oserror, read_regular, where
+from ._resolve import open_beneath
+
+__all__ = ["glob_paths", "grep_tree", "list_dir"]
+
+_LIST_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_SUBDIR_FLAGS: Final = _LIST_FLAGS | os.O_NOFOLLOW
+_MAGIC: Final = frozenset("*?[")
+
+
+@attrs.define
+class _Budget:
+    entries_left: int
+    max_depth: int
+    skipped: list[str] = attrs.Factory(list)
+    depth_cut: list[str] = attrs.Factory(list)
+    exhausted: bool = False
+
+
+@attrs.frozen
+class _Entry:
+    dir_fd: int
+    name: str
+    rel: str
+    is_dir: bool
+    is_file: bool
+
+
+def _open_base(root_fd: int, parts: Sequence[str], cfg: FsConfig) -> int:
+    return open_beneath(
+        root_fd, parts, _LIST_FLAGS, resolver=cfg.resolver, follow_leaf=cfg.allow_leaf_symlinks
+    )
+
+
+def list_dir(root_fd: int, parts: Sequence[str], cfg: FsConfig) -> list[FileEntry]:
+    """``ls``: entries of one directory, sorted by name, symlinks not followed."""
+    fd = _open_base(root_fd, parts, cfg)
+    base = where(parts)
+    try:
+        out: list[FileEntry] = []
+        with os.scandir(fd) as it:
+            for entry in it:
+                if len(out) >= cfg.max_walk_entries:
+                    raise OperationError(
+                        f"{base} has more than {cfg.max_walk_entries} entries; "
+                        "use glob to narrow the listing",
+                        code="too_large",
+                    )
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # removed while we listed
+                kind = file_type(st.st_mode)
+                out.append(
+                    FileEntry(
+                        name=entry.name,
+                        path=join_path(base, entry.name),
+                        type=kind,
+                        size=st.st_size if kind == "file" else 0,
+                    )
+                )
+    except OSError as exc:
+        raise oserror(exc, parts, "list") from None
+    finally:
+        os.close(fd)
+    out.sort(key=lambda e: e.name)
+    return out
+
+
+def _walk(
+    dir_fd: int, prefix: str, depth: int, budget: _Budget, seen: set[tuple[int, int]]
+) -> Iterator[_Entry]:
+    """Yield the entries under ``dir_fd`` depth-first in full-path order."""
+    try:
+        with os.scandir(dir_fd) as it:
+            raw = [
+                (e.name, e.is_dir(follow_symlinks=False), e.is_file(follow_symlinks=False))
+                for e in it
+            ]
+    except OSError:
+        budget.skipped.append(prefix or ".")
+        return
+    raw.sort(key=lambda r: r[0] + "/" if r[1] else r[0])
+    for index, (name, is_dir, is_file) in enumerate(raw):
+        if budget.entries_left <= 0:
+            budget.exhausted = True
+            budget.skipped.append(prefix or ".")
+            return
+        budget.entries_left -= 1
+        rel = f"{prefix}/{name}" if prefix else name
+        yield _Entry(dir_fd, name, rel, is_dir, is_file)
+        if not is_dir:
+            continue
+        if depth + 1 >= budget.max_depth:
+            budget.depth_cut.append(rel)
+            continue
+        yield from _descend(dir_fd, name, rel, depth + 1, budget=budget, seen=seen)
+        if budget.exhausted:
+            if index + 1 < len(raw):
+                budget.skipped.append(prefix or ".")
+            return
+
+
+def _descend(
+    parent: int, name: str, rel: str, depth: int, *, budget: _Budget, seen: set[tuple[int, int]]
+) -> Iterator[_Entry]:
+    try:
+        fd = os.open(name, _SUBDIR_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+            budget.skipped.append(rel)
+        return  # gone, or swapped for a symlink or file since the listing
+    try:
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            budget.skipped.append(rel)
+            return
+        seen.add(key)
+        try:
+            yield from _walk(fd, rel, depth, budget, seen)
+        finally:
+            seen.discard(key)
+    finally:
+        os.close(fd)
+
+
+def _tree(fd: int, budget: _Budget) -> Generator[_Entry, None, None]:
+    st = os.fstat(fd)
+    if budget.max_depth > 0:
+        yield from _walk(fd, "", 0, budget, {(st.st_dev, st.st_ino)})
+
+
+def glob_paths(root_fd: int, parts: Sequence[str], pattern: str, cfg: FsConfig) -> list[str]:
+    """``glob``: entries under ``parts`` whose relative path matches ``pattern``."""
+    comps = [c for c in pattern.split("/") if c not in ("", ".")]
+    if not comps:
+        return []
+    # Leading literal components are opened directly instead of walked.
+    literal: list[str] = []
+    while len(literal) < len(comps) - 1:
+        comp = comps[len(literal)]
+        if comp in ("..", "**") or _MAGIC & set(comp):
+            break
+        literal.append(comp)
+    rest = comps[len(literal) :]
+    depth = cfg.max_walk_depth if "**" in rest else min(len(rest), cfg.max_walk_depth)
+    fd = _open_base(root_fd, parts, cfg)
+    try:
+        for comp in literal:
+            try:
+                sub = os.open(comp, _SUBDIR_FLAGS, dir_fd=fd)
+            except OSError:
+                return []  # missing, a file, or a symlink: walks never follow links
+            os.close(fd)
+            fd = sub
+        budget = _Budget(cfg.max_walk_entries, depth)
+        rest_pattern = "/".join(rest)
+        hits = [e.rel for e in _tree(fd, budget) if glob_match(rest_pattern, e.rel)]
+    finally:
+        os.close(fd)
+    if budget.exhausted:
+        raise OperationError(
+            f"glob visited more than {cfg.max_walk_entries} entries; narrow the pattern or path",
+            code="too_large",
+        )
+    if budget.depth_cut and "**" in rest:
+        raise OperationError(
+            f"glob reached the depth limit of {cfg.max_walk_depth} directories; "
+            "narrow the pattern or path",
+            code="too_large",
+        )
+    base = where((*parts, *literal))
+    return sorted(join_path(base, rel) for rel in hits)
+
+
+def grep_tree(root_fd: int, matcher: Matcher, options: GrepOptions, cfg: FsConfig) -> GrepResult:
+    """``grep``: search regular files under ``options.path`` with ``matcher``."""
+    if options.max_results < 1:
+        raise OperationError("max_results must be at least 1", code="invalid_argument")
+    parts = path_parts(options.path)
+    base = where(parts)
+    fd = open_beneath(
+        root_fd, parts, READ_FLAGS, resolver=cfg.resolver, follow_leaf=cfg.allow_leaf_symlinks
+    )
+    state = _GrepState(matcher, options, cfg)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            budget = _Budget(cfg.max_walk_entries, cfg.max_walk_depth)
+            with contextlib.closing(_tree(fd, budget)) as entries:
+                for entry in entries:
+                    if entry.is_file and state.wanted(entry):
+                        state.search_at(entry.dir_fd, entry.name, join_path(base, entry.rel))
+                        if state.truncated:
+                            break
+            cut = [*budget.skipped, *budget.depth_cut]
+            state.skipped.extend(join_path(base, rel) if rel != "." else base for rel in cut)
+        elif parts and state.wanted_name(parts[-1], parts[-1]):
+            state.search_fd(fd, base, parts)
+    except OSError as exc:
+        raise oserror(exc, parts, "search") from None
+    finally:
+        os.close(fd)
+    return GrepResult(
+        matches=tuple(state.matches),
+        skipped_paths=tuple(sorted(state.skipped)),
+        skipped_binary_paths=tuple(sorted(state.binary)),
+        truncated=state.truncated,
+    )
+
+
+class _GrepState:
+    def __init__(self, matcher: Matcher, options: GrepOptions, cfg: FsConfig) -> None:
+        self.matcher = matcher
+        self.glob = options.glob
+        self.max_results = options.max_results
+        self.max_bytes = cfg.max_file_bytes
+        self.matches: list[GrepMatch] = []
+        self.skipped: list[str] = []
+        self.binary: list[str] = []
+        self.truncated = False
+
+    def wanted(self, entry: _Entry) -> bool:
+        return self.wanted_name(entry.name, entry.rel)
+
+    def wanted_name(self, name: str, rel: str) -> bool:
+        if self.glob is None:
+            return True
+        return glob_match(self.glob, rel if "/" in self.glob else name)
+
+    def search_at(self, dir_fd: int, name: str, path: str) -> None:
+        try:
+            fd = os.open(name, READ_FLAGS | os.O_NOFOLLOW, dir_fd=dir_fd)
+        except OSError:
+            self.skipped.append(path)
+            return
+        try:
+            self.search_fd(fd, path, None)
+        except OSError:
+            self.skipped.append(path)
+        finally:
+            os.close(fd)
+
+    def search_fd(self, fd: int, path: str, parts: Sequence[str] | None) -> None:
+        try:
+            data = read_regular(
+                fd, parts if parts is not None else path_parts(path), self.max_bytes
+            )
+        except OperationError:
+            self.skipped.append(path)
+            return
+        if is_binary(data):
+            self.binary.append(path)
+            return
+        room = self.max_results - len(self.matches)
+        found = self.matcher.search_lines(data.decode("utf-8", errors="replace"), room + 1)
+        if len(found) > room:
+            self.truncated = True
+            found = found[:room]
+        self.matches.extend(GrepMatch(path, line_no, line) for line_no, line in found)

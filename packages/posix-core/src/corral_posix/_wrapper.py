@@ -1,0 +1,92 @@
+"""The CommandWrapper seam: how OS sandboxes re-shape an already-guarded command.
+
+A wrapper runs *after* every ShellGuard check (allowlist, metacharacters,
+environment denylist, cwd containment) and may only re-shape the launch: it
+turns the guarded argv into the argv that is actually executed (for example
+``bwrap ... -- sh -c CMD``), and may change the environment the launcher sees,
+hand the launcher extra fds, or move its working directory.  It never gets a
+chance to weaken the guards because it only sees their output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+__all__ = ["IDENTITY_WRAPPER", "CommandWrapper", "IdentityWrapper", "WrapContext", "WrappedCommand"]
+
+
+@attrs.frozen
+class WrapContext:
+    """What a wrapper knows about the command it wraps.
+
+    Attributes:
+        root: Host path of the workspace root.
+        cwd: Host path of the command's working directory (inside ``root``).
+        env: The guarded environment the command should see.
+    """
+
+    root: str
+    cwd: str
+    env: Mapping[str, str]
+
+
+@attrs.frozen
+class WrappedCommand:
+    """The launch a wrapper asks the shell to perform.
+
+    Attributes:
+        argv: The argv actually executed; ``argv[0]`` is looked up on the
+            ``PATH`` of ``env``.
+        env: Environment to launch ``argv[0]`` with.
+        pass_fds: File descriptors the launcher needs inherited (e.g. the
+            ``bwrap --seccomp FD`` program).
+        cwd: Host working directory for the launcher; ``None`` means
+            ``ctx.cwd``.
+    """
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    pass_fds: tuple[int, ...] = ()
+    cwd: str | None = None
+
+
+@runtime_checkable
+class CommandWrapper(Protocol):
+    """Turns a guarded argv into the launch that is executed."""
+
+    def wrap(self, argv: Sequence[str], ctx: WrapContext) -> WrappedCommand:
+        """Return the launch for ``argv``.
+
+        Args:
+            argv: The argv the guard approved (``["sh", "-c", cmd]`` in
+                shell-syntax mode).
+            ctx: Root, working directory and guarded environment.
+
+        Returns:
+            The command to launch.
+        """
+        ...
+
+
+@attrs.frozen
+class IdentityWrapper:
+    """The wrapper that changes nothing: runs ``argv`` in ``ctx.cwd`` with ``ctx.env``."""
+
+    def wrap(self, argv: Sequence[str], ctx: WrapContext) -> WrappedCommand:
+        """Return ``argv`` unchanged with the guarded environment.
+
+        Args:
+            argv: The guarded argv.
+            ctx: Root, working directory and guarded environment.
+
+        Returns:
+            ``WrappedCommand(tuple(argv), dict(ctx.env))``.
+        """
+        return WrappedCommand(argv=tuple(argv), env=dict(ctx.env))
+
+
+IDENTITY_WRAPPER: CommandWrapper = IdentityWrapper()
+"""The shared no-op wrapper used when a shell is given no wrapper."""
