@@ -66,7 +66,7 @@ from ._regex import (
 )
 from ._registry import RegistrySnapshot, RegistryState, ScopedWorkspace, WorkspaceRegistry
 from ._schema import validate_arguments
-from ._session import WorkspaceSession, default_plugins, open_workspace
+from ._session import WorkspaceSession, default_plugins, default_provider_kind, open_workspace
 from ._store import RefStore, StoredSession
 from ._tool import Tool, ToolEnv, ToolHandler, ToolResult, ToolSpec
 from ._toolset import ResultFilter, WorkspaceToolset
@@ -140,6 +140,7 @@ __all__ = [
     "check_ref_schema_version",
     "check_user_tool_name",
     "default_plugins",
+    "default_provider_kind",
     "describe_workspace",
     "ensure_open",
     "get_regex_engine",

@@ -18,30 +18,23 @@ import anyio
 
 from ._errors import ConfigError, WorkspaceError, WorkspaceFailedError
 from ._plugins import PluginSet
-from ._session import default_capabilities, default_plugins, open_workspace, resolve_provider
+from ._session import (
+    default_capabilities,
+    default_plugins,
+    default_provider_kind,
+    open_workspace,
+    resolve_provider,
+)
 from ._store import RefStore
 from ._tool import ToolResult
 
 __all__ = ["main"]
-
-PREFERRED_DEFAULTS = ("local-bash", "in-memory")
 
 
 class _Fail(Exception):
     def __init__(self, message: str, status: int = 1) -> None:
         super().__init__(message)
         self.status = status
-
-
-def default_provider_kind(plugins: PluginSet) -> str:
-    """The embedded default: local-bash when installed (it persists across
-    processes, which ``corral call`` needs), else in-memory, else any."""
-    for kind in PREFERRED_DEFAULTS:
-        if kind in plugins.providers:
-            return kind
-    if plugins.providers:
-        return sorted(plugins.providers)[0]
-    raise _Fail("no workspace provider is installed: pip install corral-local-bash", 2)
 
 
 def _json_arg(text: str | None, what: str) -> Any:

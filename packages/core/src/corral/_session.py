@@ -19,7 +19,9 @@ from ._registry import PersistRef, ScopedWorkspace, WorkspaceRegistry
 from ._tool import Tool, ToolResult
 from ._toolset import ResultFilter, WorkspaceToolset
 
-__all__ = ["WorkspaceSession", "default_plugins", "open_workspace"]
+__all__ = ["WorkspaceSession", "default_plugins", "default_provider_kind", "open_workspace"]
+
+PREFERRED_DEFAULTS = ("local-bash", "in-memory")
 
 
 @functools.cache
@@ -77,6 +79,22 @@ def resolve_provider(
     if provider_options:
         raise ConfigError("provider_options only apply when the provider is given by kind")
     return provider
+
+
+def default_provider_kind(plugins: PluginSet) -> str:
+    """The embedded default provider: local-bash when installed (its workspaces
+    outlive the process, which ``corral call`` and ``corral mcp --keep`` need),
+    else in-memory, else the first installed kind.
+
+    Raises:
+        ConfigError: No provider is installed.
+    """
+    for kind in PREFERRED_DEFAULTS:
+        if kind in plugins.providers:
+            return kind
+    if plugins.providers:
+        return sorted(plugins.providers)[0]
+    raise ConfigError("no workspace provider is installed: pip install corral-local-bash")
 
 
 def default_capabilities(provider: WorkspaceProvider, plugins: PluginSet) -> dict[str, Any]:

@@ -1,0 +1,17 @@
+"""The ``corral`` entry point of corral-mcp: contributes the ``corral mcp`` subcommand."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import corral
+
+from ._command import MCP_COMMAND
+
+__all__ = ["corral_register_commands"]
+
+
+@corral.hookimpl
+def corral_register_commands(register: Callable[[corral.CliCommand], None]) -> None:
+    """Register ``corral mcp``."""
+    register(MCP_COMMAND)
