@@ -1,0 +1,134 @@
+"""Keeping a bind-mounted workspace writable by the container's non-root user.
+
+When the host process is root, files it writes are root-owned and the
+container user could not change them. After each host write the touched
+path is handed to the container user, walking from the workspace root with
+``O_NOFOLLOW`` directory fds so a symlink planted by the container can
+never redirect the chown outside the workspace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from typing import Any, Final
+
+import anyio.to_thread
+
+from corral import FileEntry, FileStat, FileSystem, GrepOptions, GrepResult, Matcher, path_parts
+
+__all__ = ["OwnedFileSystem", "chown_path", "prepare_root"]
+
+_DIR: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def prepare_root(root: str, uid: int, gid: int) -> None:
+    """Let the container user write the workspace root while the host keeps owning it."""
+    fd = os.open(root, _DIR)
+    try:
+        if os.geteuid() == 0:
+            os.fchown(fd, 0, gid)
+            os.fchmod(fd, 0o2770)
+        elif os.fstat(fd).st_uid != uid:
+            os.fchmod(fd, 0o2777)
+    finally:
+        os.close(fd)
+
+
+def chown_path(root: str, parts: Sequence[str], uid: int, gid: int) -> None:
+    """Give every component of ``parts`` under ``root`` to ``uid:gid`` (not the root itself)."""
+    fd = os.open(root, _DIR)
+    try:
+        for i, name in enumerate(parts):
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return
+            if st.st_uid != uid or st.st_gid != gid:
+                os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
+            if i == len(parts) - 1:
+                return
+            try:
+                nxt = os.open(name, _DIR, dir_fd=fd)
+            except OSError:
+                return
+            os.close(fd)
+            fd = nxt
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+class OwnedFileSystem:
+    """A host FileSystem whose writes end up owned by the container user.
+
+    Args:
+        inner: posix-core's TmpdirFileSystem over the workspace root.
+        root: The workspace root on the host.
+        uid: Container user id.
+        gid: Container group id.
+    """
+
+    def __init__(self, inner: Any, root: str, uid: int, gid: int) -> None:
+        self._inner: FileSystem = inner
+        self._root = root
+        self._uid = uid
+        self._gid = gid
+
+    @property
+    def inner(self) -> Any:
+        """The wrapped filesystem."""
+        return self._inner
+
+    async def _own(self, path: str) -> None:
+        parts = path_parts(path)
+        await anyio.to_thread.run_sync(chown_path, self._root, parts, self._uid, self._gid)
+
+    async def read_file(self, path: str) -> bytes:
+        """Read a file."""
+        return await self._inner.read_file(path)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        """Write a file, then hand it (and created parents) to the container user."""
+        await self._inner.write_file(path, data)
+        await self._own(path)
+
+    async def edit_file(
+        self, path: str, old_text: str, new_text: str, *, replace_all: bool = False
+    ) -> int:
+        """Edit a file, then hand the replaced file to the container user."""
+        count = await self._inner.edit_file(path, old_text, new_text, replace_all=replace_all)
+        await self._own(path)
+        return count
+
+    async def ls(self, path: str = "/") -> Sequence[FileEntry]:
+        """List a directory."""
+        return await self._inner.ls(path)
+
+    async def glob(self, pattern: str, path: str = "/") -> Sequence[str]:
+        """Glob under a directory."""
+        return await self._inner.glob(pattern, path)
+
+    async def grep(self, matcher: Matcher, options: GrepOptions) -> GrepResult:
+        """Search file contents."""
+        return await self._inner.grep(matcher, options)
+
+    async def stat(self, path: str) -> FileStat:
+        """Describe a path."""
+        return await self._inner.stat(path)
+
+    async def mkdir(self, path: str, *, parents: bool = False) -> None:
+        """Create a directory owned by the container user."""
+        await self._inner.mkdir(path, parents=parents)
+        await self._own(path)
+
+    async def rm(self, path: str, *, recursive: bool = False) -> None:
+        """Remove a path."""
+        await self._inner.rm(path, recursive=recursive)
+
+    def close(self) -> None:
+        """Close the inner filesystem."""
+        close = getattr(self._inner, "close", None)
+        if callable(close):
+            close()

@@ -1,0 +1,32 @@
+"""Entry point of corral-docker: the ``docker`` provider and ``corral docker gc``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import corral
+
+from ._gc import gc_command
+from ._provider import DockerProvider
+
+__all__ = ["corral_register_commands", "corral_register_providers"]
+
+
+@corral.hookimpl
+def corral_register_providers(register: Callable[[corral.ProviderSpec], None]) -> None:
+    """Register the ``docker`` provider."""
+    register(
+        corral.ProviderSpec(
+            kind="docker",
+            factory=DockerProvider,
+            capabilities=DockerProvider.capabilities,
+            summary="hardened per-session Docker containers (local or ssh:// engines)",
+            distribution="corral-docker",
+        )
+    )
+
+
+@corral.hookimpl
+def corral_register_commands(register: Callable[[corral.CliCommand], None]) -> None:
+    """Register ``corral docker gc [--dry-run]``."""
+    register(gc_command())

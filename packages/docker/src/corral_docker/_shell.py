@@ -1,0 +1,170 @@
+"""DockerShell: ShellGuard on the host, then ``exec`` inside the container.
+
+Every exec carries a random marker in its environment. On timeout or
+cancellation a second exec kills every process of the container whose
+environment holds that marker, so a command's whole tree dies, including
+children that called ``setsid`` or were put in the background; docker's init
+(tini) reaps them. A child that scrubs its environment (``env -i``) escapes
+the marker but not the final container stop at close.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Protocol
+
+import anyio
+
+from corral import (
+    CommandRequest,
+    ExecResult,
+    OperationError,
+    WorkspaceEvictedError,
+)
+
+from ._engine import ContainerNotFoundError, DockerEngine, EngineError
+from ._options import WORKDIR
+
+__all__ = ["DockerShell", "GuardLike"]
+
+MAX_STDIN_BYTES: Final = 64 * 1024
+
+# The exec's entry point: feeds stdin from the environment (exec has no
+# portable stdin over every transport), then runs the guarded argv.
+_CWD_SENTINEL: Final = "corral: the working directory does not exist\n"
+_ENTRY: Final = (
+    'cd -- "$1" 2>/dev/null || { printf %s "$CORRAL_CWD_ERR" >&2; exit 125; }; shift; '
+    "unset CORRAL_CWD_ERR; "
+    'if [ -n "${CORRAL_STDIN+x}" ]; then s=$CORRAL_STDIN; unset CORRAL_STDIN; '
+    'printf %s "$s" | "$@"; else exec "$@" </dev/null; fi'
+)
+
+# Kills every process whose environment carries the marker; repeated so a
+# process forking during the sweep is caught on the next pass.
+_KILL: Final = (
+    "m=CORRAL_EXEC=$1; for pass in 1 2 3; do for p in /proc/[0-9]*; do "
+    '[ "${p#/proc/}" = "$$" ] && continue; '
+    "if tr '\\000' '\\n' < $p/environ 2>/dev/null | grep -qxF \"$m\"; then "
+    'kill -9 "${p#/proc/}" 2>/dev/null; fi; done; done; true'
+)
+
+
+class GuardLike(Protocol):
+    """What DockerShell needs from posix-core's ShellGuard."""
+
+    def check_request(self, request: CommandRequest) -> Any:
+        """Check a request; return an object with ``argv``, ``env`` and ``cwd_parts``."""
+        ...
+
+
+class DockerShell:
+    """Runs guarded commands by exec in the workspace's container.
+
+    Args:
+        engine: The engine that owns the container.
+        container: Returns the id of the live container (it may be recreated).
+        guard: Host-side command and environment checks.
+        user: ``UID:GID`` the commands run as.
+        closed: Returns True once the workspace closed.
+        kill_grace_s: How long the kill exec may take before giving up.
+    """
+
+    def __init__(
+        self,
+        engine: DockerEngine,
+        container: Callable[[], Awaitable[str]],
+        guard: GuardLike,
+        *,
+        user: str,
+        closed: Callable[[], bool],
+        kill_grace_s: float = 10.0,
+    ) -> None:
+        self._engine = engine
+        self._container = container
+        self._guard = guard
+        self._user = user
+        self._closed = closed
+        self._kill_grace_s = kill_grace_s
+
+    async def run(self, request: CommandRequest) -> ExecResult:
+        """Run one command in the container; a timeout kills its whole tree.
+
+        Raises:
+            OperationError: ``policy_denied`` from the guard, ``invalid_argument``
+                for oversized stdin, ``closed`` after close, ``failed`` when the
+                engine errs.
+            WorkspaceEvictedError: The container is gone.
+        """
+        if self._closed():
+            raise OperationError("the workspace is closed", code="closed")
+        guarded = self._guard.check_request(request)
+        argv = list(guarded.argv)
+        cwd_parts = tuple(guarded.cwd_parts)
+        workdir = WORKDIR + "".join("/" + p for p in cwd_parts)
+        marker = secrets.token_hex(12)
+        env = {**guarded.env, "CORRAL_EXEC": marker, "CORRAL_CWD_ERR": _CWD_SENTINEL}
+        if request.stdin is not None:
+            if len(request.stdin.encode()) > MAX_STDIN_BYTES:
+                raise OperationError(
+                    f"stdin is larger than {MAX_STDIN_BYTES} bytes", code="invalid_argument"
+                )
+            env["CORRAL_STDIN"] = request.stdin
+        container_id = await self._container()
+        started = time.monotonic()
+        out: Any = None
+        try:
+            with anyio.move_on_after(request.timeout_s):
+                out = await self._engine.exec(
+                    container_id,
+                    ["sh", "-c", _ENTRY, "corral", workdir, *argv],
+                    env=env,
+                    workdir="/",
+                    user=self._user,
+                    max_output_bytes=request.max_output_bytes,
+                )
+        except ContainerNotFoundError:
+            raise WorkspaceEvictedError(
+                "docker: the workspace container is gone", provider_id="docker"
+            ) from None
+        except EngineError as exc:
+            raise OperationError(f"docker exec failed: {exc.message}", code="failed") from None
+        finally:
+            if out is None:
+                with anyio.CancelScope(shield=True):
+                    await self.kill(container_id, marker)
+        duration = (time.monotonic() - started) * 1000
+        if out is None:
+            return ExecResult(exit_code=None, timed_out=True, duration_ms=duration)
+        code = out.exit_code
+        if code == 125 and out.stderr == _CWD_SENTINEL.encode() and not out.stdout:
+            raise OperationError(
+                f"working directory {'/' + '/'.join(cwd_parts)} does not exist in the workspace",
+                code="not_found",
+            )
+        signal = code - 128 if code is not None and 128 < code < 160 else None
+        return ExecResult(
+            exit_code=code,
+            stdout=out.stdout.decode("utf-8", "replace"),
+            stderr=out.stderr.decode("utf-8", "replace"),
+            stdout_truncated=out.stdout_truncated,
+            stderr_truncated=out.stderr_truncated,
+            duration_ms=duration,
+            signal=signal,
+        )
+
+    async def kill(self, container_id: str, marker: str) -> None:
+        """Kill every process of one exec (best effort; errors are swallowed)."""
+        with anyio.move_on_after(self._kill_grace_s):
+            try:
+                await self._engine.exec(
+                    container_id,
+                    ["sh", "-c", _KILL, "corral-kill", marker],
+                    env={},
+                    workdir="/",
+                    user=self._user,
+                    max_output_bytes=4096,
+                )
+            except EngineError:
+                return
