@@ -87,12 +87,15 @@ async def test_something_that_is_not_bwrap(tmp_path: Path) -> None:
 async def test_resolve_redetects(tmp_path: Path) -> None:
     # A ref made elsewhere does not bypass detection: resolve fails closed too.
     provider = LocalSandboxProvider(tmpdir_root=str(tmp_path), bwrap_path=os.devnull)
-    ref = corral.WorkspaceRef(
-        "local-sandbox",
-        {"workspace": "ws-s-abcdefgh"},
-        frozenset({"fs", "shell"}),
-        schema_version=2,
+    opened = await provider.open(
+        corral.ProviderConfig("local-sandbox"), corral.SessionRef("s"), frozenset({"fs"})
     )
-    with pytest.raises(corral.WorkspaceFailedError) as info:
-        await provider.resolve(ref)
-    assert "bubblewrap" in info.value.message
+    ref = corral.WorkspaceRef(
+        "local-sandbox", opened.ref.payload, frozenset({"fs", "shell"}), schema_version=2
+    )
+    try:
+        with pytest.raises(corral.WorkspaceFailedError) as info:
+            await provider.resolve(ref)
+        assert "bubblewrap" in info.value.message
+    finally:
+        await opened.workspace.close()

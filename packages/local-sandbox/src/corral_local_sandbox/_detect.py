@@ -158,7 +158,13 @@ def detect_bwrap(
     if program is not None:
         with open(seccomp_file, "wb") as fh:
             fh.write(program)
-    base = BwrapWrapper(bwrap, prlimit, policy, features, cgroup_procs=cgroup_procs)
+    base = BwrapWrapper(
+        bwrap=bwrap,
+        policy=policy,
+        features=features,
+        cgroup_procs=cgroup_procs,
+        prlimit=None if cgroup_procs else prlimit,
+    )
     try:
         result = _probe(attrs.evolve(base, seccomp_file=seccomp_file) if program else base)
         if result.returncode != 0 and program is not None:

@@ -77,11 +77,11 @@ def _positive_or_none(_inst: object, attr: attrs.Attribute[Any], value: object) 
 class ResourceLimits:
     """Per-command resource limits, applied inside the sandbox.
 
-    ``None`` lifts a limit. Every limit is an rlimit set after the sandbox's
-    user namespace exists (so ``processes`` counts only the sandbox's own
-    processes), except that ``processes`` is enforced with a pids cgroup
-    when the host user is root, whom the kernel exempts from
-    ``RLIMIT_NPROC``.
+    ``None`` lifts a limit. ``processes`` is ``RLIMIT_NPROC`` set inside the
+    sandbox's user namespace (so it counts only the sandbox's own
+    processes), or a pids cgroup when the host user is root, whom the
+    kernel exempts from ``RLIMIT_NPROC``. The other rlimits are set on the
+    launcher by the shell's supervisor and inherited through bwrap.
 
     Attributes:
         processes: Processes and threads (``RLIMIT_NPROC`` / ``pids.max``).
@@ -136,7 +136,8 @@ class ProtectedPath:
 
     Attributes:
         path: Relative path with ``/`` separators, no ``..``.
-        is_dir: Shape of the read-only placeholder used while it is absent.
+        is_dir: Whether it names a directory (the seatbelt profile and the
+            file tools treat everything beneath it as protected too).
     """
 
     path: str
@@ -166,6 +167,8 @@ DEFAULT_PROTECTED_PATHS: Final[tuple[ProtectedPath, ...]] = (
     _p(".git/hooks", True),
     _p(".git/config"),
     _p(".git/info", True),
+    # A worktree's commondir names the directory git takes hooks and config from.
+    _p(".git/commondir"),
     _p(".gitmodules"),
     _p(".hg/hgrc"),
     # Shell start-up files and direnv, sourced when the tree is a home or cwd.

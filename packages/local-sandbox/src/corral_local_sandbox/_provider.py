@@ -9,7 +9,7 @@ closed: no usable sandbox, no workspace.
 
 from __future__ import annotations
 
-import contextvars
+import logging
 import os
 import shutil
 import sys
@@ -21,40 +21,35 @@ import anyio
 import anyio.to_thread
 import attrs
 
-from corral import (
-    CommandRequest,
-    ExecResult,
-    ModularWorkspace,
-    OpenedWorkspace,
-    ProviderConfig,
-    SessionRef,
-    Shell,
-    WorkspaceFailedError,
-    WorkspaceRef,
-    describe_workspace,
-)
-from corral_posix._provider import TmpdirWorkspaceProvider
+from corral import FileSystem, Shell, WorkspaceFailedError
+from corral_posix import Isolation, TmpdirWorkspaceProvider
+from corral_posix._shell import ResourceLimits as ShellLimits
 from corral_posix._wrapper import CommandWrapper
 
 from ._bwrap import BwrapWrapper
 from ._cgroup import PidsCgroup, find_pids_hierarchy
 from ._detect import PROVIDER_ID, BwrapBackend, detect_bwrap
+from ._gitconfig import git_config_is_safe
+from ._guarded_shell import GuardedShell
 from ._policy import (
     NetworkPolicy,
     ProtectedPath,
     ResourceLimits,
     SandboxPolicy,
 )
+from ._protect import PathGuard
 from ._protected_fs import ProtectedFileSystem
 from ._seatbelt import SANDBOX_EXEC, SeatbeltWrapper
 from ._seccomp import denied_syscalls
 
 __all__ = ["LocalSandboxProvider"]
 
+log = logging.getLogger("corral.local_sandbox")
+
 
 @attrs.define
-class _Isolation:
-    """Per-workspace sandbox resources: built before the shell, released with it."""
+class _Resources:
+    """Per-workspace sandbox resources: built before the shell, released after it."""
 
     wrapper: CommandWrapper
     scratch: str
@@ -66,36 +61,6 @@ class _Isolation:
             self.cgroup.remove()
             self.cgroup = None
         shutil.rmtree(self.scratch, ignore_errors=True)
-
-
-# open()/resolve() prepare the isolation off the event loop, then the base class
-# calls the synchronous command_wrapper()/build_shell() hooks; the context
-# variable carries the prepared isolation across, per task, so concurrent
-# opens on one provider never see each other's.
-_PENDING: contextvars.ContextVar[_Isolation | None] = contextvars.ContextVar(
-    "corral_local_sandbox_pending", default=None
-)
-
-
-class _SandboxedShell:
-    """The posix-core shell plus the sandbox resources it must release on close."""
-
-    def __init__(self, inner: Shell, isolation: _Isolation) -> None:
-        self._inner = inner
-        self._isolation = isolation
-
-    async def run(self, request: CommandRequest) -> ExecResult:
-        """Run one guarded command inside the sandbox."""
-        return await self._inner.run(request)
-
-    async def aclose(self) -> None:
-        """Close the inner shell, then kill leftovers and delete the sandbox's scratch files."""
-        try:
-            aclose = getattr(self._inner, "aclose", None)
-            if aclose is not None:
-                await aclose()
-        finally:
-            await anyio.to_thread.run_sync(self._isolation.release)
 
 
 _HOME_FALLBACK: Final = "/var/empty"
@@ -112,7 +77,8 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
             are directories.
         bwrap_path: bwrap binary; default ``bwrap`` on ``PATH``.
         **base_options: Options of :class:`corral_posix.TmpdirWorkspaceProvider`
-            (``tmpdir_root``, ``max_file_bytes``, ``shell_limits``, ``base_env``...).
+            (``tmpdir_root``, ``max_file_bytes``, ``base_env``...). Resource
+            limits come from ``limits``; ``shell_limits`` is refused.
 
     Raises:
         ValueError: A malformed option.
@@ -130,12 +96,27 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
         bwrap_path: str | os.PathLike[str] | None = None,
         **base_options: Any,
     ) -> None:
-        super().__init__(**base_options)
-        self._policy = SandboxPolicy(
+        if "shell_limits" in base_options:
+            raise ValueError(
+                "local-sandbox takes resource limits from 'limits', not 'shell_limits'"
+            )
+        policy = SandboxPolicy(
             network=NetworkPolicy.coerce(network),
             limits=ResourceLimits.coerce(limits),
             protected_paths=SandboxPolicy.coerce_protected(protected_paths),
         )
+        # Every rlimit but RLIMIT_NPROC is set by the shell's supervisor on the
+        # launcher and inherited through bwrap: no extra exec per command.
+        lim = policy.limits
+        shell_limits = ShellLimits(
+            cpu_s=lim.cpu_seconds,
+            address_space_bytes=lim.memory_bytes,
+            file_size_bytes=lim.file_size_bytes,
+            open_files=lim.open_files,
+            core=0,
+        )
+        super().__init__(shell_limits=shell_limits, **base_options)
+        self._policy = policy
         self._bwrap_path = os.fspath(bwrap_path) if bwrap_path is not None else None
 
     @property
@@ -145,7 +126,7 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
 
     # -- isolation ---------------------------------------------------------------
 
-    def _prepare(self) -> _Isolation:
+    def _prepare(self, guard: PathGuard) -> _Resources:
         """Detect the backend and build one workspace's sandbox resources (blocking)."""
         system: str = sys.platform
         if not system.startswith("linux") and system != "darwin":
@@ -158,12 +139,12 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
         try:
             if system == "darwin":
                 return self._prepare_seatbelt(scratch)
-            return self._prepare_bwrap(scratch)
+            return self._prepare_bwrap(scratch, guard)
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             raise
 
-    def _prepare_bwrap(self, scratch: str) -> _Isolation:
+    def _prepare_bwrap(self, scratch: str, guard: PathGuard) -> _Resources:
         cgroup = self._make_cgroup()
         try:
             backend = detect_bwrap(
@@ -183,14 +164,16 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
                 cgroup.remove()
             raise
         wrapper = BwrapWrapper(
-            backend.bwrap,
-            backend.prlimit,
-            self._policy,
-            backend.features,
+            bwrap=backend.bwrap,
+            policy=self._policy,
+            features=backend.features,
             seccomp_file=seccomp_file,
             cgroup_procs=cgroup.procs_file if cgroup else None,
+            # With a pids cgroup (root) RLIMIT_NPROC is both ignored and unneeded.
+            prlimit=None if cgroup else backend.prlimit,
+            guard=guard,
         )
-        return _Isolation(wrapper, scratch, self._bwrap_facts(backend, cgroup), cgroup)
+        return _Resources(wrapper, scratch, self._bwrap_facts(backend, cgroup), cgroup)
 
     def _make_cgroup(self) -> PidsCgroup | None:
         processes = self._policy.limits.processes
@@ -231,7 +214,7 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
             "protected_paths": [p.path for p in self._policy.protected_paths],
         }
 
-    def _prepare_seatbelt(self, scratch: str) -> _Isolation:
+    def _prepare_seatbelt(self, scratch: str) -> _Resources:
         if not os.access(SANDBOX_EXEC, os.X_OK):
             raise WorkspaceFailedError(
                 f"{PROVIDER_ID}: {SANDBOX_EXEC} is missing; refusing to run commands unsandboxed",
@@ -242,95 +225,51 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
         os.mkdir(tmp, 0o700)
         wrapper = SeatbeltWrapper(self._policy, os.path.realpath(tmp), home)
         facts = {"backend": "seatbelt", "seccomp": False, **self._policy_facts()}
-        return _Isolation(wrapper, scratch, facts)
+        return _Resources(wrapper, scratch, facts)
 
-    # -- base-class hooks --------------------------------------------------------
-
-    def command_wrapper(self) -> CommandWrapper | None:
-        """The sandbox wrapper prepared by the ``open``/``resolve`` in progress.
-
-        Raises:
-            WorkspaceFailedError: Called outside ``open``/``resolve`` (fail closed).
-        """
-        isolation = _PENDING.get()
-        if isolation is None:
-            raise WorkspaceFailedError(
-                f"{PROVIDER_ID}: a shell was requested without a prepared sandbox",
-                provider_id=PROVIDER_ID,
-            )
-        return isolation.wrapper
-
-    def build_shell(self, root: str) -> Shell:
-        """posix-core's shell, wrapped so closing it releases the sandbox resources."""
-        isolation = _PENDING.get()
-        inner = super().build_shell(root)
-        assert isolation is not None  # command_wrapper() above refused otherwise
-        return _SandboxedShell(inner, isolation)
-
-    # -- the provider contract ---------------------------------------------------
-
-    async def _with_isolation(self, action: Any, declared: frozenset[str] | None) -> Any:
-        wants_shell = declared is None or "shell" in declared
-        isolation = await anyio.to_thread.run_sync(self._prepare) if wants_shell else None
-        token = _PENDING.set(isolation)
-        try:
-            result = await action()
-        except BaseException:
-            if isolation is not None:
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(isolation.release)
-            raise
-        finally:
-            _PENDING.reset(token)
-        return _decorate(result, isolation, self._policy)
-
-    async def open(
-        self,
-        config: ProviderConfig,
-        session: SessionRef,
-        declared: frozenset[str] | None = None,
-    ) -> OpenedWorkspace:
-        """Create a workspace whose commands run sandboxed.
-
-        Raises:
-            WorkspaceFailedError: No usable sandbox backend (the message says
-                what is missing and how to fix it), or any failure of the base
-                provider.
-        """
-        opened: OpenedWorkspace = await self._with_isolation(
-            lambda: super(LocalSandboxProvider, self).open(config, session, declared), declared
+    def _guard(self, root: str, state_dir: str) -> PathGuard:
+        guard = PathGuard(
+            root,
+            state_dir,
+            self._policy.protected_paths,
+            validators={".git/config": git_config_is_safe},
         )
-        return opened
+        for note in guard.start():
+            log.warning("%s", note.strip())
+        return guard
 
-    async def resolve(self, ref: WorkspaceRef) -> ModularWorkspace:
-        """Re-attach a workspace, re-detecting the sandbox backend first.
+    async def prepare_isolation(
+        self, root: str, *, state_dir: str, capabilities: frozenset[str]
+    ) -> Isolation:
+        """Check the protected paths and, for a shell, build the sandbox (fails closed).
+
+        A process that died while a command ran may have left a planted file
+        at a protected path: it is quarantined here, before anything trusts it.
 
         Raises:
-            WorkspaceFailedError: As :meth:`open`, or a foreign/malformed/lost ref.
+            WorkspaceFailedError: No usable sandbox backend; the message says
+                what is missing and how to fix it.
         """
-        caps = ref.capabilities or self.capabilities
-        ws: ModularWorkspace = await self._with_isolation(
-            lambda: super(LocalSandboxProvider, self).resolve(ref), frozenset(caps)
+        guard = await anyio.to_thread.run_sync(self._guard, root, state_dir)
+        protected = self._policy.protected_paths
+
+        def guard_fs(fs: FileSystem) -> FileSystem:
+            return ProtectedFileSystem(fs, protected)
+
+        if "shell" not in capabilities:
+            return Isolation(details={"backend": None}, decorate_fs=guard_fs)
+        resources = await anyio.to_thread.run_sync(self._prepare, guard)
+
+        async def cleanup() -> None:
+            await anyio.to_thread.run_sync(resources.release)
+
+        def guard_shell(shell: Shell) -> Shell:
+            return GuardedShell(shell, guard)
+
+        return Isolation(
+            wrapper=resources.wrapper,
+            cleanup=cleanup,
+            details=resources.facts,
+            decorate_shell=guard_shell,
+            decorate_fs=guard_fs,
         )
-        return ws
-
-
-def _decorate(result: Any, isolation: _Isolation | None, policy: SandboxPolicy) -> Any:
-    """Guard the file tools and add the sandbox facts to ``details()``."""
-    ws = result.workspace if isinstance(result, OpenedWorkspace) else result
-    facts = isolation.facts if isolation is not None else {"backend": None}
-
-    def details() -> Mapping[str, Any]:
-        return {**describe_workspace(ws), **facts}
-
-    decorated = ModularWorkspace(
-        ws.id,
-        fs=ProtectedFileSystem(ws.fs, policy.protected_paths) if ws.fs is not None else None,
-        shell=ws.shell,
-        snapshot=ws.snapshot,
-        on_close=ws.close,
-        details=details,
-    )
-    if isinstance(result, OpenedWorkspace):
-        return OpenedWorkspace(workspace=decorated, ref=result.ref)
-    return decorated

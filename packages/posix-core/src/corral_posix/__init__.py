@@ -10,7 +10,7 @@ from __future__ import annotations
 from ._fs import TmpdirFileSystem
 from ._guard import GuardedCommand, ShellGuard
 from ._layout import TmpdirLayout, TmpdirRefPayload, remove_tree, sanitize_session_id
-from ._provider import DEFAULT_MAX_FILE_BYTES, TmpdirWorkspaceProvider
+from ._provider import DEFAULT_MAX_FILE_BYTES, Isolation, TmpdirWorkspaceProvider
 from ._resolve import Resolver, open_beneath, openat2_available
 from ._shell import ResourceLimits, SubprocessShell
 from ._snapshots import Reattachable, TmpdirSnapshotter, exchange_dirs
@@ -28,6 +28,7 @@ __all__: list[str] = [
     "CommandWrapper",
     "GuardedCommand",
     "IdentityWrapper",
+    "Isolation",
     "Reattachable",
     "Resolver",
     "ResourceLimits",

@@ -1,4 +1,8 @@
-"""Capped, non-blocking capture of a command's output streams."""
+"""Capped capture of a command's output, and feeding its stdin.
+
+The reaper reads the command's pipes and forwards only what fits under the
+cap (counting the rest); the host assembles it here.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,7 @@ from collections.abc import Callable
 
 import anyio
 
-__all__ = ["Capture", "drain", "feed", "truncation_marker"]
-
-_CHUNK = 256 * 1024
+__all__ = ["Capture", "feed", "truncation_marker", "write_now"]
 
 
 def truncation_marker(limit: int) -> str:
@@ -44,23 +46,23 @@ class Capture:
         A multi-byte character cut by the cap is dropped rather than shown
         as a replacement character.
         """
+        if not self.truncated:
+            return self.data.decode("utf-8", "replace")
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         out = decoder.decode(bytes(self.data), final=not self.truncated)
         return out + truncation_marker(self.limit) if self.truncated else out
 
 
-async def drain(fd: int, sink: Capture) -> None:
-    """Read ``fd`` until EOF into ``sink``, never blocking the child: bytes
-    over the cap are read and dropped so a flood cannot stall or fill memory."""
-    while True:
+def write_now(fd: int, data: bytes) -> int:
+    """Write what a non-blocking ``fd`` takes without waiting; return the count."""
+    written = 0
+    view = memoryview(data)
+    while written < len(data):
         try:
-            chunk = os.read(fd, _CHUNK)
-        except BlockingIOError:
-            await anyio.wait_readable(fd)
-            continue
-        if not chunk:
-            return
-        sink.add(chunk)
+            written += os.write(fd, view[written:])
+        except (BlockingIOError, BrokenPipeError):
+            break
+    return written
 
 
 async def feed(fd: int, data: bytes, done: Callable[[], None]) -> None:

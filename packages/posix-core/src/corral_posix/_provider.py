@@ -1,7 +1,7 @@
 """The base of every provider whose workspace is a host directory: local-bash, local-sandbox.
 
 A subclass sets :attr:`TmpdirWorkspaceProvider.provider_id` and, to isolate
-commands, overrides :meth:`TmpdirWorkspaceProvider.command_wrapper`; open,
+commands, overrides :meth:`TmpdirWorkspaceProvider.prepare_isolation`; open,
 resolve, snapshots and close are shared. The provider keeps only its
 configuration: every per-session object (directory name, filesystem, shell,
 snapshotter) lives in the workspace it returns.
@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar, Final
 
 import anyio
 import anyio.to_thread
+import attrs
 
 from corral import (
+    FileSystem,
     ModularWorkspace,
     OpenedWorkspace,
     ProviderConfig,
@@ -42,12 +44,37 @@ from ._shell import ResourceLimits, SubprocessShell
 from ._snapshots import TmpdirSnapshotter
 from ._wrapper import CommandWrapper
 
-__all__ = ["DEFAULT_MAX_FILE_BYTES", "TmpdirWorkspaceProvider"]
+__all__ = ["DEFAULT_MAX_FILE_BYTES", "Isolation", "TmpdirWorkspaceProvider"]
 
 log = logging.getLogger("corral.posix.provider")
 
 DEFAULT_MAX_FILE_BYTES: Final = 10 * 1024 * 1024
 _SESSION_OPTIONS: Final = frozenset({"max_file_bytes", "allow_leaf_symlinks"})
+
+
+@attrs.frozen(kw_only=True)
+class Isolation:
+    """How one workspace's commands are isolated (see ``prepare_isolation``).
+
+    Attributes:
+        wrapper: Re-shapes every guarded command (None: run it as is).
+        cleanup: Awaited once when the workspace closes (after its shell), or
+            when assembling the workspace fails after the isolation was prepared.
+        details: Extra entries merged into the workspace's ``details()``.
+        decorate_shell: Wraps the built shell (e.g. to check the workspace
+            after each command); must forward ``aclose``.
+        decorate_fs: Wraps the file tools the agent sees (snapshots keep the
+            undecorated filesystem).
+    """
+
+    wrapper: CommandWrapper | None = None
+    cleanup: Callable[[], Awaitable[None]] | None = None
+    details: Mapping[str, Any] = attrs.field(factory=dict)
+    decorate_shell: Callable[[Shell], Shell] | None = None
+    decorate_fs: Callable[[FileSystem], FileSystem] | None = None
+
+
+NO_ISOLATION: Final = Isolation()
 
 
 class TmpdirWorkspaceProvider:
@@ -115,20 +142,35 @@ class TmpdirWorkspaceProvider:
 
     # -- hooks for subclasses --------------------------------------------------
 
-    def command_wrapper(self) -> CommandWrapper | None:
-        """The wrapper every command of a new shell runs through; None for none.
+    async def prepare_isolation(
+        self, root: str, *, state_dir: str, capabilities: frozenset[str]
+    ) -> Isolation:
+        """Prepare the isolation of one workspace; the default isolates nothing.
 
-        local-sandbox overrides this to inject bubblewrap. It is called once
-        per opened or resolved workspace and may raise
-        :class:`corral.WorkspaceFailedError` to fail closed.
+        Called at every ``open`` and ``resolve``, after the workspace directory
+        exists and before its shell is built. local-sandbox overrides it to
+        detect bubblewrap and build the per-workspace sandbox resources.
+
+        Args:
+            root: Host path of the workspace root.
+            state_dir: The workspace's private state directory, outside the
+                workspace (same filesystem), removed with the workspace.
+            capabilities: The modules being assembled (``"shell"`` absent: no
+                command will run).
+
+        Returns:
+            The wrapper, cleanup, details and decorators for this workspace.
+
+        Raises:
+            WorkspaceFailedError: The isolation cannot be provided (fail closed).
         """
-        return None
+        return NO_ISOLATION
 
-    def build_shell(self, root: str) -> Shell:
-        """Build the shell of one workspace rooted at ``root``."""
+    def build_shell(self, root: str, wrapper: CommandWrapper | None = None) -> Shell:
+        """Build the shell of one workspace rooted at ``root``; ``wrapper`` re-shapes commands."""
         return SubprocessShell(
             root,
-            wrapper=self.command_wrapper(),
+            wrapper=wrapper,
             base_env=self._base_env,
             limits=self._shell_limits,
             provider_id=self.provider_id,
@@ -185,6 +227,7 @@ class TmpdirWorkspaceProvider:
         fs: TmpdirFileSystem | None = None
         shell: Shell | None = None
         snap: TmpdirSnapshotter | None = None
+        isolation: Isolation | None = None
 
         async def release() -> None:
             if snap is not None:
@@ -194,8 +237,12 @@ class TmpdirWorkspaceProvider:
                 if aclose is not None:
                     await aclose()
             finally:
-                if fs is not None:
-                    fs.close()
+                try:
+                    if isolation is not None and isolation.cleanup is not None:
+                        await isolation.cleanup()
+                finally:
+                    if fs is not None:
+                        fs.close()
 
         async def cleanup() -> None:
             try:
@@ -204,6 +251,9 @@ class TmpdirWorkspaceProvider:
                 await anyio.to_thread.run_sync(layout.remove_workspace, name)
 
         try:
+            isolation = await self.prepare_isolation(
+                root, state_dir=layout.state_path(name), capabilities=caps
+            )
             if "fs" in caps or "snapshot" in caps:
                 fs = await anyio.to_thread.run_sync(
                     lambda: TmpdirFileSystem(
@@ -215,7 +265,9 @@ class TmpdirWorkspaceProvider:
                     )
                 )
             if "shell" in caps:
-                shell = self.build_shell(root)
+                shell = self.build_shell(root, isolation.wrapper)
+                if isolation.decorate_shell is not None:
+                    shell = isolation.decorate_shell(shell)
             if "snapshot" in caps:
                 snap = TmpdirSnapshotter(
                     layout,
@@ -229,17 +281,23 @@ class TmpdirWorkspaceProvider:
                 await (cleanup() if owned else release())
             raise
 
+        extra = isolation.details
+
         def details() -> Mapping[str, Any]:
             return {
                 "provider": self.provider_id,
                 "root": root,
                 "resolver": getattr(fs, "resolver", self._resolver),
                 "capabilities": sorted(caps),
+                **extra,
             }
 
+        agent_fs: FileSystem | None = fs if "fs" in caps else None
+        if agent_fs is not None and isolation.decorate_fs is not None:
+            agent_fs = isolation.decorate_fs(agent_fs)
         return ModularWorkspace(
             f"{self.provider_id}:{name}",
-            fs=fs if "fs" in caps else None,
+            fs=agent_fs,
             shell=shell,
             snapshot=snap,
             on_close=cleanup,

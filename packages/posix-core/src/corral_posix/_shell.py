@@ -7,6 +7,8 @@ import errno
 import os
 import resource
 import socket
+import struct
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -16,16 +18,24 @@ import attrs
 
 from corral import CommandRequest, ExecResult, OperationError, WorkspaceEvictedError
 
-from ._capture import Capture, drain, feed
+from ._capture import Capture, feed, write_now
 from ._env import base_environment
 from ._guard import ShellGuard
-from ._supervisor import Launch, submit
-from ._wrapper import IDENTITY_WRAPPER, CommandWrapper, WrapContext, WrappedCommand
+from ._reaper import FINAL, FLAG_RETIRE, FLAG_TIMED_OUT, KIND_ERRNO
+from ._supervisor import POOL, Reaper, encode_limits, encode_request
+from ._wrapper import (
+    IDENTITY_WRAPPER,
+    CommandWrapper,
+    IdentityWrapper,
+    WrapContext,
+    WrappedCommand,
+)
 
 __all__ = ["ResourceLimits", "SubprocessShell"]
 
 _KILL_WAIT_S: Final = 15.0
-_DRAIN_GRACE_S: Final = 2.0
+_ATTEMPTS: Final = 3
+_RECV_BYTES: Final = (1 << 16) + 64
 
 
 def _at_least(minimum: int) -> Callable[[Any, attrs.Attribute[Any], int | None], None]:
@@ -83,7 +93,7 @@ class ResourceLimits:
 
 
 class SubprocessShell:
-    """Runs guarded commands as subprocesses of a per-process supervisor.
+    """Runs guarded commands as subprocesses of pooled reaper processes.
 
     Each command gets: the argv the :class:`ShellGuard` approved (no shell
     unless the policy allows shell syntax), re-shaped by the
@@ -120,10 +130,11 @@ class SubprocessShell:
         self.guard = guard or ShellGuard()
         self.wrapper = wrapper or IDENTITY_WRAPPER
         self._base_env = dict(base_env or {})
-        self._rlimits = (limits or ResourceLimits()).rlimits()
+        self._limits_key = encode_limits((limits or ResourceLimits()).rlimits())
         self._provider_id = provider_id
-        self._active: set[socket.socket] = set()
+        self._active: dict[Reaper, int] = {}
         self._closed = False
+        self._env_cache: tuple[tuple[str | None, str | None], dict[str, str]] | None = None
 
     async def run(self, request: CommandRequest) -> ExecResult:
         """Run one command; see the class docstring for what it gets.
@@ -136,7 +147,8 @@ class SubprocessShell:
         Raises:
             OperationError: ``policy_denied`` and the other guard codes;
                 ``not_found``/``not_a_directory``/``invalid_path`` for the
-                cwd; ``closed`` after :meth:`aclose`.
+                cwd; ``closed`` after :meth:`aclose`; ``failed`` when the
+                reaper running the command was killed.
             WorkspaceEvictedError: The workspace root no longer exists.
         """
         if self._closed:
@@ -149,9 +161,12 @@ class SubprocessShell:
         assert guarded.cwd_fd is not None
         fds = _FdSet([guarded.cwd_fd])
         try:
-            host_cwd = _fd_path(guarded.cwd_fd) or os.path.join(self.root, *guarded.cwd_parts)
-            env = {**base_environment(self.root), **self._base_env, **guarded.env}
-            wrapped = self.wrapper.wrap(guarded.argv, WrapContext(self.root, host_cwd, env))
+            env = {**self._start_env(), **guarded.env}
+            if type(self.wrapper) is IdentityWrapper:
+                wrapped = WrappedCommand(argv=guarded.argv, env=env)  # what it would return
+            else:
+                host_cwd = _fd_path(guarded.cwd_fd) or os.path.join(self.root, *guarded.cwd_parts)
+                wrapped = self.wrapper.wrap(guarded.argv, WrapContext(self.root, host_cwd, env))
             return await self._launch(request, wrapped, guarded.cwd_fd, fds)
         finally:
             fds.close_all()
@@ -159,74 +174,93 @@ class SubprocessShell:
     async def _launch(
         self, request: CommandRequest, wrapped: WrappedCommand, cwd_fd: int, fds: _FdSet
     ) -> ExecResult:
-        chan, chan_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        out_r, out_w = fds.pipe()
-        err_r, err_w = fds.pipe()
-        in_w: int | None = None
-        if request.stdin is None:
-            in_r = fds.add(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
-        else:
+        passed = [cwd_fd]
+        stdin_index = -1
+        pending = b""
+        in_w = -1
+        if request.stdin is not None:
             in_r, in_w = fds.pipe()
             os.set_blocking(in_w, False)
-        for fd in (out_r, err_r):
-            os.set_blocking(fd, False)
-        chan.setblocking(False)
-        launch = Launch(
+            data = request.stdin.encode("utf-8", "surrogateescape")
+            # Most stdin fits in the pipe: no feeder task, and EOF right away.
+            pending = data[write_now(in_w, data) :]
+            if not pending:
+                fds.close(in_w)
+            stdin_index = len(passed)
+            passed.append(in_r)
+        passes = [(len(passed) + i, target) for i, target in enumerate(wrapped.pass_fds)]
+        passed += wrapped.pass_fds
+        payload = encode_request(
             argv=wrapped.argv,
             env=wrapped.env,
             cwd=wrapped.cwd,
-            chan_fd=chan_child.fileno(),
-            stdin_fd=in_r,
-            stdout_fd=out_w,
-            stderr_fd=err_w,
-            cwd_fd=cwd_fd,
-            pass_fds=wrapped.pass_fds,
-            rlimits=self._rlimits,
+            timeout_s=request.timeout_s,
+            limit=request.max_output_bytes,
+            stdin_index=stdin_index,
+            cwd_index=0,
+            passes=passes,
         )
-        started = time.perf_counter()
-        try:
-            await submit(launch)
-        except BaseException:
-            chan.close()
-            raise
-        finally:
-            chan_child.close()
-            for fd in (in_r, out_w, err_w, cwd_fd):
-                fds.close(fd)
+        rights = _fd_array(passed)
         out, err = Capture(request.max_output_bytes), Capture(request.max_output_bytes)
-        status: bytes | None = None
-        timed_out = False
-        self._active.add(chan)
-        try:
+        started = time.perf_counter()
+        if pending:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(drain, out_r, out)
-                tg.start_soon(drain, err_r, err)
-                if in_w is not None:
-                    stdin = (request.stdin or "").encode("utf-8", "surrogateescape")
-                    tg.start_soon(feed, in_w, stdin, lambda: fds.close(in_w))
-                with anyio.move_on_after(request.timeout_s):
-                    status = await _receive(chan)
-                if status is None:
-                    timed_out = True
-                    status = await _kill(chan)
-                # Every writer is dead now; a leaked copy of a pipe must not hang us.
-                tg.cancel_scope.deadline = anyio.current_time() + _DRAIN_GRACE_S
-        finally:
-            if status is None:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(_KILL_WAIT_S):
-                    await _kill(chan)
-            self._active.discard(chan)
-            chan.close()
+                tg.start_soon(feed, in_w, pending, lambda: fds.close(in_w))
+                final = await self._execute(payload, rights, out, err)
+                tg.cancel_scope.cancel()
+        else:
+            final = await self._execute(payload, rights, out, err)
         duration_ms = (time.perf_counter() - started) * 1000.0
-        assert status is not None
-        return _result(
-            status,
-            program=wrapped.argv[0],
-            out=out,
-            err=err,
-            duration_ms=duration_ms,
-            timed_out=timed_out,
-        )
+        return _result(final, program=wrapped.argv[0], out=out, err=err, duration_ms=duration_ms)
+
+    async def _execute(self, payload: bytes, rights: bytes, out: Capture, err: Capture) -> bytes:
+        """Run the request on a pooled reaper; return its ``X`` message."""
+        for attempt in range(_ATTEMPTS):
+            reaper = await POOL.acquire(self._limits_key, fresh=attempt == _ATTEMPTS - 1)
+            try:
+                sent = await _send(reaper, payload, rights)
+            except BaseException:
+                reaper.close()
+                raise
+            if not sent:
+                reaper.close()  # it exited while idle: the command never started
+                continue
+            final = await self._collect(reaper, out, err)
+            if final == b"Q":
+                continue
+            return final
+        raise OperationError("no process reaper accepted the command", code="failed")
+
+    async def _collect(self, reaper: Reaper, out: Capture, err: Capture) -> bytes:
+        final = b""
+        seq = reaper.seq
+        self._active[reaper] = seq
+        try:
+            # No host-side timer: the reaper enforces the timeout itself (a
+            # cancel scope per run costs 10-40 us), and a dead one reads as EOF.
+            final = await _messages(reaper, out, err)
+        finally:
+            if not final:
+                # Cancelled (or the reaper died): have it kill the tree and
+                # wait, bounded, until it reports that it is done.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_KILL_WAIT_S):
+                    reaper.kill(seq)
+                    final = await _messages(reaper, out, err)
+            self._active.pop(reaper, None)
+            if final[:1] == b"X" and not final[-1] & FLAG_RETIRE:
+                POOL.release(reaper, self._limits_key)
+            else:
+                reaper.close()
+        return final
+
+    def _start_env(self) -> dict[str, str]:
+        """``base_environment`` + ``base_env``, recomputed only when its inputs change."""
+        inputs = (os.environ.get("PATH"), tempfile.tempdir)
+        cached = self._env_cache
+        if cached is None or cached[0] != inputs:
+            cached = (inputs, {**base_environment(self.root), **self._base_env})
+            self._env_cache = cached
+        return cached[1]
 
     def _open_root(self) -> int:
         try:
@@ -239,9 +273,8 @@ class SubprocessShell:
     async def aclose(self) -> None:
         """Kill every running command and refuse later runs. Idempotent."""
         self._closed = True
-        for chan in list(self._active):
-            with contextlib.suppress(OSError):
-                chan.send(b"K")
+        for reaper, seq in list(self._active.items()):
+            reaper.kill(seq)
         with anyio.move_on_after(_KILL_WAIT_S):
             # Runs may live on other event loops or threads, so no loop-bound Event.
             while self._active:  # noqa: ASYNC110
@@ -253,10 +286,6 @@ class _FdSet:
 
     def __init__(self, fds: list[int]) -> None:
         self._open = set(fds)
-
-    def add(self, fd: int) -> int:
-        self._open.add(fd)
-        return fd
 
     def pipe(self) -> tuple[int, int]:
         r, w = os.pipe2(os.O_CLOEXEC)
@@ -279,44 +308,70 @@ def _fd_path(fd: int) -> str | None:
     return None
 
 
-async def _receive(chan: socket.socket) -> bytes:
+def _fd_array(fds: list[int]) -> bytes:
+    return struct.pack(f"{len(fds)}i", *fds)
+
+
+async def _send(reaper: Reaper, payload: bytes, rights: bytes) -> bool:
+    """Send a request; False if the reaper is gone (so the command never started)."""
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)]
     while True:
         try:
-            return chan.recv(64)
+            reaper.sock.sendmsg([payload], ancillary, socket.MSG_NOSIGNAL)
         except BlockingIOError:
-            await anyio.wait_readable(chan)
-        except ConnectionResetError:
+            await anyio.wait_writable(reaper.sock)
+        except OSError as exc:
+            if exc.errno == errno.EMSGSIZE:
+                raise OperationError(
+                    "command and environment are too large to run", code="too_large"
+                ) from None
+            return False
+        else:
+            reaper.seq += 1
+            return True
+
+
+async def _messages(reaper: Reaper, out: Capture, err: Capture) -> bytes:
+    """Collect output until the reaper's ``X`` (or ``Q``); ``b""`` if it died."""
+    sock = reaper.sock
+    while True:
+        try:
+            message = sock.recv(_RECV_BYTES)
+        except BlockingIOError:
+            await anyio.wait_readable(sock)
+            continue
+        except OSError:
             return b""
-
-
-async def _kill(chan: socket.socket) -> bytes:
-    with contextlib.suppress(OSError):
-        chan.send(b"K")
-    return await _receive(chan)
+        tag = message[:1]
+        if tag == b"1":
+            out.add(message[1:])
+        elif tag == b"2":
+            err.add(message[1:])
+        else:
+            return message
 
 
 def _result(
-    status: bytes,
-    *,
-    program: str,
-    out: Capture,
-    err: Capture,
-    duration_ms: float,
-    timed_out: bool,
+    final: bytes, *, program: str, out: Capture, err: Capture, duration_ms: float
 ) -> ExecResult:
-    if not status:
-        raise OperationError("the command's supervisor process was killed", code="failed")
+    if not final:
+        raise OperationError("the command's reaper process was killed", code="failed")
+    kind, value, out_dropped, err_dropped, flags = FINAL.unpack_from(final, 1)
+    out.discarded += out_dropped
+    err.discarded += err_dropped
+    timed_out = bool(flags & FLAG_TIMED_OUT)
     exit_code: int | None
     signal_number: int | None = None
-    if status.startswith(b"E"):
-        code = int(status[1:])
-        exit_code = 127 if code == errno.ENOENT else 126
+    if kind == KIND_ERRNO:
+        exit_code = 127 if value == errno.ENOENT else 126
         why = (
-            "command not found" if code == errno.ENOENT else f"cannot execute: {os.strerror(code)}"
+            "command not found"
+            if value == errno.ENOENT
+            else f"cannot execute: {os.strerror(value)}"
         )
         err.add(f"{program}: {why}\n".encode())
     else:
-        decoded = os.waitstatus_to_exitcode(int(status[1:]))
+        decoded = os.waitstatus_to_exitcode(value)
         exit_code, signal_number = (decoded, None) if decoded >= 0 else (None, -decoded)
     if timed_out:
         exit_code = None

@@ -1,102 +1,139 @@
-"""Host side of the process supervisor (see ``_reaper.py`` for the other side).
+"""Host side of the process supervisor and its pool of reapers (other side: ``_reaper.py``).
 
 One supervisor process serves every :class:`SubprocessShell` of a host
-process.  It is started lazily, restarted if it died, and re-created after a
-``fork`` of the host.  It exits by itself when the host closes the control
-socket (normally: when the host process exits).
+process: it is started lazily, restarted if it died, re-created after a
+``fork`` of the host, and exits by itself when the host closes the control
+socket.  The pool keeps idle reapers per rlimits value (at most
+``_MAX_IDLE`` each, most recently used first) and asks the supervisor for a
+new one when none is idle; reapers idle for long exit by themselves.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import json
 import os
 import socket
 import subprocess
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Final
 
 import anyio
 
 from corral import OperationError
 
-__all__ = ["Launch", "submit"]
+from ._reaper import FLAG_HAS_CWD, IDLE, PASS, REQUEST, RLIMIT, SEQ
+
+__all__ = ["POOL", "REAPER_IDLE_S", "Reaper", "ReaperPool", "encode_limits", "encode_request"]
 
 _SCRIPT: Final = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reaper.py")
+_MAX_IDLE: Final = 8
+_SNDBUF: Final = 1 << 20
+_FS_ENCODING: Final = sys.getfilesystemencoding()
+_FS_ERRORS: Final = sys.getfilesystemencodeerrors()
+REAPER_IDLE_S = 30.0
+"""A reaper idle this long exits by itself (read when one is created)."""
 
 
-class Launch:
-    """One command for the supervisor: the JSON request and the fds it refers to."""
+def encode_limits(rlimits: Sequence[tuple[int, int, int]]) -> bytes:
+    """The pool key and ``N`` payload for a list of ``(resource, soft, hard)``."""
+    return b"".join(RLIMIT.pack(*r) for r in rlimits)
 
-    def __init__(
-        self,
-        *,
-        argv: Sequence[str],
-        env: Mapping[str, str],
-        cwd: str | None,
-        chan_fd: int,
-        stdin_fd: int,
-        stdout_fd: int,
-        stderr_fd: int,
-        cwd_fd: int | None,
-        pass_fds: Sequence[int],
-        rlimits: Sequence[tuple[int, int, int]],
-    ) -> None:
-        self.fds: list[int] = [chan_fd, stdin_fd, stdout_fd, stderr_fd]
-        spec: dict[str, Any] = {"chan": 0, "stdin": 1, "stdout": 2, "stderr": 3, "cwd": None}
-        if cwd_fd is not None:
-            spec["cwd"] = len(self.fds)
-            self.fds.append(cwd_fd)
-        spec["pass"] = []
-        for fd in pass_fds:
-            spec["pass"].append([len(self.fds), fd])
-            self.fds.append(fd)
-        self.payload = json.dumps(
-            {
-                "argv": list(argv),
-                "env": dict(env),
-                "cwd": cwd,
-                "fds": spec,
-                "rlimits": [list(r) for r in rlimits],
-            }
-        ).encode()
+
+def encode_request(
+    *,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str | None,
+    timeout_s: float,
+    limit: int,
+    stdin_index: int,
+    cwd_index: int,
+    passes: Sequence[tuple[int, int]],
+) -> bytes:
+    """The ``R`` message for one command (fds are referred to by index).
+
+    Raises:
+        OperationError: ``invalid_argument`` for a NUL byte or a string the
+            file-system encoding cannot represent.
+    """
+    fields = [] if cwd is None else [cwd]
+    fields += argv
+    for name, value in env.items():
+        fields += (name, value)
+    try:
+        encoded = [f.encode(_FS_ENCODING, _FS_ERRORS) for f in fields]  # os.fsencode, inlined
+    except UnicodeError:
+        raise OperationError(
+            "command, environment or working directory is not valid text", code="invalid_argument"
+        ) from None
+    body = b"\0".join(encoded)
+    if body.count(b"\0") != len(encoded) - 1:
+        raise OperationError(
+            "command, environment or working directory contains a NUL byte",
+            code="invalid_argument",
+        )
+    header = REQUEST.pack(
+        timeout_s,
+        limit,
+        stdin_index,
+        cwd_index,
+        0 if cwd is None else FLAG_HAS_CWD,
+        len(passes),
+        len(argv),
+        len(env),
+    )
+    return b"".join([b"R", header, *(PASS.pack(i, t) for i, t in passes), body])
+
+
+class Reaper:
+    """The host's end of one pooled reaper; leased to one run at a time."""
+
+    __slots__ = ("generation", "owner", "seq", "sock")
+
+    def __init__(self, sock: socket.socket, generation: int) -> None:
+        self.sock = sock
+        self.generation = generation
+        self.owner = os.getpid()
+        self.seq = 0  # requests sent; the reaper counts the same way
+
+    def kill(self, seq: int) -> None:
+        """Ask the reaper to kill command number ``seq`` if it is still running."""
+        if self.owner == os.getpid():
+            with contextlib.suppress(OSError):
+                self.sock.send(b"K" + SEQ.pack(seq), socket.MSG_NOSIGNAL)
+
+    def close(self) -> None:
+        """Drop the reaper: on EOF it kills whatever runs and exits."""
+        self.sock.close()
 
 
 class _Supervisor:
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._sock: socket.socket | None = None
-        self._owner = 0
+        self.lock = threading.Lock()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.sock: socket.socket | None = None
+        self.owner = 0
+        self.generation = 0
 
     def current(self) -> socket.socket | None:
         """The control socket if the supervisor is running in this process."""
-        with self._lock:
-            if (
-                self._sock is not None
-                and self._owner == os.getpid()
-                and self._proc is not None
-                and self._proc.poll() is None
-            ):
-                return self._sock
-            return None
+        proc, sock = self.proc, self.sock
+        alive = proc is not None and proc.poll() is None
+        return sock if sock is not None and self.owner == os.getpid() and alive else None
 
     def start(self) -> socket.socket:
         """Start (or restart) the supervisor; blocking, so called from a worker thread."""
-        with self._lock:
-            if self._owner == os.getpid() and self._proc is not None and self._sock is not None:
-                if self._proc.poll() is None:
-                    return self._sock
-                self._sock.close()
-            # After a fork the old socket belongs to the parent's supervisor: leave it be.
+        with self.lock:
+            if self.current() is not None:
+                assert self.sock is not None
+                return self.sock
+            if self.sock is not None and self.owner == os.getpid():
+                self.sock.close()
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
-                with contextlib.suppress(OSError):
-                    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
-                self._proc = subprocess.Popen(
+                proc = subprocess.Popen(
                     [sys.executable, "-I", "-S", _SCRIPT, str(theirs.fileno())],
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
@@ -111,49 +148,108 @@ class _Supervisor:
             finally:
                 theirs.close()
             ours.setblocking(False)
-            self._sock = ours
-            self._owner = os.getpid()
+            self.generation += 1
+            self.proc, self.sock, self.owner = proc, ours, os.getpid()
             return ours
 
+    def forget(self) -> None:
+        """In a forked child: the parent's supervisor is not ours."""
+        self.lock = threading.Lock()
+        if self.sock is not None:
+            # Only this process's copy: the parent's supervisor keeps running.
+            self.sock.close()
+        self.proc, self.sock, self.owner = None, None, 0
 
-_SUPERVISOR: Final = _Supervisor()
 
+class ReaperPool:
+    """Idle reapers per rlimits value, shared by every shell of the process."""
 
-async def submit(launch: Launch) -> None:
-    """Hand one command to the supervisor.
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._supervisor = _Supervisor()
+        self._idle: dict[bytes, list[Reaper]] = {}
+        os.register_at_fork(after_in_child=self._after_fork)
 
-    Raises:
-        OperationError: ``too_large`` when the request does not fit in one
-            message; ``failed`` when the supervisor cannot be started.
-    """
-    sock = _SUPERVISOR.current()
-    if sock is None:
-        try:
-            sock = await anyio.to_thread.run_sync(_SUPERVISOR.start)
-        except OSError as exc:
-            raise OperationError(
-                f"cannot start the process supervisor: {exc.strerror}", code="failed"
-            ) from exc
-    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, bytes(_fd_array(launch.fds)))]
-    while True:
-        try:
-            sock.sendmsg([launch.payload], rights)
-        except BlockingIOError:
-            await anyio.wait_writable(sock)
-        except OSError as exc:
-            if exc.errno == errno.EMSGSIZE:
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+        for idle in self._idle.values():
+            for reaper in idle:
+                reaper.close()
+        self._idle = {}
+        self._supervisor.forget()
+
+    def idle_count(self, limits: bytes) -> int:
+        """How many reapers with these limits wait for a command."""
+        with self._lock:
+            return len(self._idle.get(limits, ()))
+
+    async def acquire(self, limits: bytes, *, fresh: bool = False) -> Reaper:
+        """An idle reaper with these limits, or a new one (``fresh`` forces new).
+
+        Raises:
+            OperationError: ``failed`` when the supervisor cannot be started
+                or reached.
+        """
+        ctl = self._supervisor.current()
+        if ctl is not None and not fresh:
+            with self._lock:
+                idle = self._idle.get(limits)
+                while idle:
+                    reaper = idle.pop()
+                    if reaper.generation == self._supervisor.generation:
+                        return reaper
+                    reaper.close()
+        if ctl is None:
+            try:
+                ctl = await anyio.to_thread.run_sync(self._supervisor.start)
+            except OSError as exc:
                 raise OperationError(
-                    "command and environment are too large to run", code="too_large"
-                ) from None
-            raise OperationError(
-                f"cannot reach the process supervisor: {exc.strerror}", code="failed"
-            ) from exc
-        else:
-            return
+                    f"cannot start the process supervisor: {exc.strerror}", code="failed"
+                ) from exc
+        return await self._new(ctl, limits)
+
+    async def _new(self, ctl: socket.socket, limits: bytes) -> Reaper:
+        generation = self._supervisor.generation
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            with contextlib.suppress(OSError):
+                ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SNDBUF)
+            rights = [
+                (socket.SOL_SOCKET, socket.SCM_RIGHTS, theirs.fileno().to_bytes(4, sys.byteorder))
+            ]
+            while True:
+                try:
+                    ctl.sendmsg(
+                        [b"N", IDLE.pack(REAPER_IDLE_S), limits], rights, socket.MSG_NOSIGNAL
+                    )
+                except BlockingIOError:
+                    # Shared by every task and thread: poll rather than wait_writable,
+                    # which admits one waiter per fd.
+                    await anyio.sleep(0.001)
+                except OSError as exc:
+                    raise OperationError(
+                        f"cannot reach the process supervisor: {exc.strerror}", code="failed"
+                    ) from exc
+                else:
+                    break
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        return Reaper(ours, generation)
+
+    def release(self, reaper: Reaper, limits: bytes) -> None:
+        """Give back a reaper whose command ended (its whole tree is reaped)."""
+        with self._lock:
+            # A dead supervisor is noticed (and its reapers dropped) at the next acquire.
+            if reaper.owner == os.getpid() and reaper.generation == self._supervisor.generation:
+                idle = self._idle.setdefault(limits, [])
+                if len(idle) < _MAX_IDLE:
+                    idle.append(reaper)
+                    return
+        reaper.close()
 
 
-def _fd_array(fds: Sequence[int]) -> bytearray:
-    out = bytearray()
-    for fd in fds:
-        out += fd.to_bytes(4, sys.byteorder)
-    return out
+POOL: Final = ReaperPool()
