@@ -48,10 +48,12 @@ class FakeFs:
             self.evict_next -= 1
             raise WorkspaceEvictedError("backing store went away", provider_id="fake")
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
         self._hit("read_file")
         if path not in self.files:
             raise OperationError(f"{path} not found", code="not_found")
+        if max_bytes is not None and len(self.files[path]) > max_bytes:
+            raise OperationError(f"{path} is too large", code="too_large")
         return self.files[path]
 
     async def write_file(self, path: str, data: bytes) -> None:

@@ -173,7 +173,9 @@ async def test_fs_size_policy_is_enforced_at_the_tool_layer(
     provider_fs_files["/big"] = big.encode()
     read = await ts.call("workspace_read_file", {"path": "/big"})
     assert read.error_code == "too_large"
-    assert "read_file" not in provider.calls
+    assert "over the 0.001 MB read limit" in read.content
+    assert provider.calls.count("read_file") == 1
+    assert "stat" not in provider.calls
 
 
 async def test_operation_errors_become_clean_results(

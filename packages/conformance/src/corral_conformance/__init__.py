@@ -1,1 +1,94 @@
-"""corral-conformance."""
+"""corral-conformance: the provider contract suite.
+
+Three ways to run it against a provider:
+
+* ``pytest --corral-provider=KIND`` (the pytest plugin shipped in this wheel);
+* subclass the abstract classes with your own fixtures
+  (``class TestMine(AbstractProviderTests, MyFixtures): pass``);
+* :func:`check_provider` from plain code, or ``corral conformance KIND``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._defaults import DEFAULT_MAX_EXAMPLES
+
+if TYPE_CHECKING:
+    from ._check import SUITE_PATH, check_kind, check_provider, run_suite
+    from ._fixtures import ProviderFixtures
+    from ._harness import Harness, dump_tree
+    from ._model import FsModel, ModelError
+    from ._reference import ReferenceProvider
+    from ._report import ConformanceReport, ResultCollector, RuleResult
+    from ._suites import (
+        AbstractFsTests,
+        AbstractLifecycleTests,
+        AbstractProviderTests,
+        AbstractRefTests,
+        AbstractSessionTests,
+        AbstractShellTests,
+        AbstractSnapshotTests,
+    )
+    from ._target import Target
+
+__all__ = [
+    "DEFAULT_MAX_EXAMPLES",
+    "SUITE_PATH",
+    "AbstractFsTests",
+    "AbstractLifecycleTests",
+    "AbstractProviderTests",
+    "AbstractRefTests",
+    "AbstractSessionTests",
+    "AbstractShellTests",
+    "AbstractSnapshotTests",
+    "ConformanceReport",
+    "FsModel",
+    "Harness",
+    "ModelError",
+    "ProviderFixtures",
+    "ReferenceProvider",
+    "ResultCollector",
+    "RuleResult",
+    "Target",
+    "check_kind",
+    "check_provider",
+    "dump_tree",
+    "run_suite",
+]
+
+# Importing the package must stay cheap: the corral CLI loads its plugin module
+# at every start. pytest and hypothesis load on first use of a name needing them.
+_LAZY = {
+    "SUITE_PATH": "._check",
+    "check_kind": "._check",
+    "check_provider": "._check",
+    "run_suite": "._check",
+    "ProviderFixtures": "._fixtures",
+    "Harness": "._harness",
+    "dump_tree": "._harness",
+    "FsModel": "._model",
+    "ModelError": "._model",
+    "ReferenceProvider": "._reference",
+    "ConformanceReport": "._report",
+    "ResultCollector": "._report",
+    "RuleResult": "._report",
+    "AbstractFsTests": "._suites",
+    "AbstractLifecycleTests": "._suites",
+    "AbstractProviderTests": "._suites",
+    "AbstractRefTests": "._suites",
+    "AbstractSessionTests": "._suites",
+    "AbstractShellTests": "._suites",
+    "AbstractSnapshotTests": "._suites",
+    "Target": "._target",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'corral_conformance' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value

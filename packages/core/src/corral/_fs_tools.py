@@ -45,15 +45,19 @@ async def _read_file(env: ToolEnv, args: dict[str, Any]) -> Any:
     policy: FsPolicy = env.policy
     path = normalize_path(args["path"])
     fs = await env.module("fs")
-    st = await fs.stat(path)
-    if st.type == "dir":
-        raise OperationError(f"{path} is a directory; use workspace_ls", code="is_a_directory")
-    if st.size > policy.max_file_bytes:
-        raise OperationError(
-            f"{path} is {st.size} bytes, over the {policy.max_file_size_mb:g} MB read limit",
-            code="too_large",
-        )
-    data: bytes = await fs.read_file(path)
+    # One module call: the provider checks the size cap before reading a byte.
+    try:
+        data: bytes = await fs.read_file(path, max_bytes=policy.max_file_bytes)
+    except OperationError as exc:
+        if exc.code == "too_large":
+            raise OperationError(
+                f"{path} is over the {policy.max_file_size_mb:g} MB read limit", code="too_large"
+            ) from None
+        if exc.code == "is_a_directory":
+            raise OperationError(
+                f"{path} is a directory; use workspace_ls", code="is_a_directory"
+            ) from None
+        raise
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

@@ -10,7 +10,8 @@ from malformed input and over-long paths (see :func:`corral.normalize_path`).
 FileSystem:
 
 * ``read_file``: missing -> ``not_found``; a directory -> ``is_a_directory``;
-  not a regular file -> ``unsupported_file_type``.
+  not a regular file -> ``unsupported_file_type``; larger than ``max_bytes``
+  (when given) -> ``too_large``, decided before the content is read.
 * ``write_file``: creates missing parent directories; a directory at the
   path -> ``is_a_directory``; a file where a parent should be ->
   ``not_a_directory``. Atomic: readers see the old or the new content.
@@ -70,8 +71,8 @@ __all__ = [
 class FileSystem(Protocol):
     """Files of one workspace, addressed by agent-view paths."""
 
-    async def read_file(self, path: str) -> bytes:
-        """Return the whole content of a regular file."""
+    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """Return the whole content of a regular file (at most ``max_bytes``)."""
         ...
 
     async def write_file(self, path: str, data: bytes) -> None:

@@ -85,9 +85,9 @@ class OwnedFileSystem:
         parts = path_parts(path)
         await anyio.to_thread.run_sync(chown_path, self._root, parts, self._uid, self._gid)
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
         """Read a file."""
-        return await self._inner.read_file(path)
+        return await self._inner.read_file(path, max_bytes=max_bytes)
 
     async def write_file(self, path: str, data: bytes) -> None:
         """Write a file, then hand it (and created parents) to the container user."""

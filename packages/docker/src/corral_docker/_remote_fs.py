@@ -207,14 +207,15 @@ class ContainerFileSystem:
 
     # -- FileSystem ----------------------------------------------------------
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
         """Return a regular file's content (``cat`` as the container user)."""
         parts = path_parts(path)
         if not parts:
             raise OperationError("/ is a directory", code="is_a_directory")
-        out = await self._run("read", parts, str(self._max), cap=self._max + 1)
+        cap = self._max if max_bytes is None else min(max_bytes, self._max)
+        out = await self._run("read", parts, str(cap), cap=cap + 1)
         self._check(out, parts)
-        if out.stdout_truncated or len(out.stdout) > self._max:
+        if out.stdout_truncated or len(out.stdout) > cap:
             raise OperationError(f"{_where(parts)} is over the file size limit", code="too_large")
         return out.stdout
 

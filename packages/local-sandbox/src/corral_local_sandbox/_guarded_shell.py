@@ -6,7 +6,7 @@ import anyio
 import anyio.to_thread
 import attrs
 
-from corral import CommandRequest, ExecResult, Shell
+from corral import CommandRequest, ExecResult, OperationError, Shell
 
 from ._protect import PathGuard
 
@@ -24,6 +24,7 @@ class GuardedShell:
     def __init__(self, inner: Shell, guard: PathGuard) -> None:
         self._inner = inner
         self._guard = guard
+        self._closed = False
 
     async def run(self, request: CommandRequest) -> ExecResult:
         """Run one command, then move anything it planted at a protected path out of the workspace.
@@ -32,6 +33,8 @@ class GuardedShell:
             OperationError: ``policy_denied`` when a protected location holds a
                 symlink or an unremovable planted file; anything ``inner`` raises.
         """
+        if self._closed:  # the guard's state is gone with the workspace
+            raise OperationError("the workspace is closed", code="closed")
         self._guard.begin()
         try:
             result = await self._inner.run(request)
@@ -52,6 +55,7 @@ class GuardedShell:
 
     async def aclose(self) -> None:
         """Close the inner shell (kills running commands)."""
+        self._closed = True
         aclose = getattr(self._inner, "aclose", None)
         if aclose is not None:
             await aclose()

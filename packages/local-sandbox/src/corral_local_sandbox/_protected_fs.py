@@ -60,9 +60,9 @@ class ProtectedFileSystem:
                         "cannot remove a directory holding a protected path", code="policy_denied"
                     )
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
         """Read a file (not restricted)."""
-        return await self._inner.read_file(path)
+        return await self._inner.read_file(path, max_bytes=max_bytes)
 
     async def write_file(self, path: str, data: bytes) -> None:
         """Write a file unless it is, or lies under, a protected path."""
@@ -99,5 +99,6 @@ class ProtectedFileSystem:
 
     async def rm(self, path: str, *, recursive: bool = False) -> None:
         """Remove unless the path is protected or (recursively) holds one."""
-        self._check_remove(path, recursive)
+        if path_parts(path):  # the root: let the inner fs give the standard refusal
+            self._check_remove(path, recursive)
         await self._inner.rm(path, recursive=recursive)

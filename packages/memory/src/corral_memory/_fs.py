@@ -77,14 +77,19 @@ class InMemoryFileSystem:
         ensure_open(self._state.closed)
         return self._state
 
-    async def read_file(self, path: str) -> bytes:
-        """Return the whole content of a regular file."""
+    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """Return the whole content of a regular file (at most ``max_bytes``)."""
         parts = path_parts(path)
         state = await self._enter()
         with state.lock:
             node = state.tree.lookup(parts)
         if isinstance(node, DirNode):
             raise _is_a_directory(parts)
+        if max_bytes is not None and len(node.data) > max_bytes:
+            raise OperationError(
+                f"file of {len(node.data)} bytes exceeds the {max_bytes} byte read limit",
+                code="too_large",
+            )
         return node.data
 
     async def write_file(self, path: str, data: bytes) -> None:

@@ -118,13 +118,15 @@ def read_regular(fd: int, parts: Sequence[str], max_bytes: int) -> bytes:
     return chunks[0] if len(chunks) == 2 else b"".join(chunks)
 
 
-def read_bytes(root_fd: int, parts: Sequence[str], cfg: FsConfig) -> bytes:
+def read_bytes(
+    root_fd: int, parts: Sequence[str], cfg: FsConfig, max_bytes: int | None = None
+) -> bytes:
     """``read_file``: open beneath the root, fstat, read within the cap."""
     fd = open_beneath(
         root_fd, parts, READ_FLAGS, resolver=cfg.resolver, follow_leaf=cfg.allow_leaf_symlinks
     )
     try:
-        return read_regular(fd, parts, cfg.max_file_bytes)
+        return read_regular(fd, parts, cfg.max_file_bytes if max_bytes is None else max_bytes)
     except OSError as exc:
         raise oserror(exc, parts, "read") from None
     finally:

@@ -195,11 +195,12 @@ class TmpdirFileSystem:
     async def _call(self, op: Callable[[int], T]) -> T:
         return await anyio.to_thread.run_sync(self._run, op)
 
-    async def read_file(self, path: str) -> bytes:
-        """Return the whole content of a regular file."""
+    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """Return the whole content of a regular file (at most ``max_bytes``)."""
         parts = path_parts(path)
         cfg = self._cfg
-        return await self._call(lambda fd: _fileops.read_bytes(fd, parts, cfg))
+        cap = cfg.max_file_bytes if max_bytes is None else min(max_bytes, cfg.max_file_bytes)
+        return await self._call(lambda fd: _fileops.read_bytes(fd, parts, cfg, cap))
 
     async def write_file(self, path: str, data: bytes) -> None:
         """Atomically create or replace a file, creating parent directories."""

@@ -1,0 +1,120 @@
+"""The in-repo providers pass the whole suite, through the abstract classes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from corral import Workspace, WorkspaceProvider
+from corral_conformance import AbstractProviderTests, ProviderFixtures, ReferenceProvider
+
+
+class QuickFixtures(ProviderFixtures):
+    """A smaller hypothesis budget: these classes run on both backends, three times over."""
+
+    @pytest.fixture
+    def conformance_max_examples(self) -> int:
+        return 12
+
+
+class ReferenceFixtures(QuickFixtures):
+    @pytest.fixture
+    def provider(self) -> WorkspaceProvider:
+        return ReferenceProvider()
+
+
+class TestReferenceProvider(AbstractProviderTests, ReferenceFixtures):
+    pass
+
+
+class InMemoryFixtures(QuickFixtures):
+    @pytest.fixture
+    def provider(self) -> WorkspaceProvider:
+        memory = pytest.importorskip("corral_memory", reason="corral-memory is not installed")
+        return memory.InMemoryProvider()  # type: ignore[no-any-return]
+
+
+class TestInMemoryProvider(AbstractProviderTests, InMemoryFixtures):
+    pass
+
+
+class LocalBashFixtures(QuickFixtures):
+    @pytest.fixture
+    def provider(self, tmp_path: Path) -> WorkspaceProvider:
+        local_bash = pytest.importorskip(
+            "corral_local_bash", reason="corral-local-bash is not installed"
+        )
+        return local_bash.LocalBashProvider(tmpdir_root=str(tmp_path))  # type: ignore[no-any-return]
+
+    @pytest.fixture
+    def workspace_host_dir(self) -> Callable[[Workspace], Path | None]:
+        def host_dir(ws: Workspace) -> Path | None:
+            details = ws.details() if hasattr(ws, "details") else {}
+            root = details.get("root")
+            return Path(root) if root is not None else None
+
+        return host_dir
+
+
+class TestLocalBashProvider(AbstractProviderTests, LocalBashFixtures):
+    pass
+
+
+def _require_or_skip(env: str, available: bool, why: str) -> None:
+    """Skip where the backend is missing, but fail where CI says it must be there."""
+    if available:
+        return
+    if os.environ.get(env) == "1":
+        pytest.fail(f"{why}, and {env}=1 requires it")
+    pytest.skip(why)
+
+
+def _docker_ready() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    probe = subprocess.run(
+        ["docker", "image", "inspect", DOCKER_IMAGE], capture_output=True, timeout=60, check=False
+    )
+    return probe.returncode == 0
+
+
+DOCKER_IMAGE = os.environ.get("CORRAL_DOCKER_IMAGE", "corral-test:latest")
+
+
+class LocalSandboxFixtures(LocalBashFixtures):
+    @pytest.fixture
+    def provider(self, tmp_path: Path) -> WorkspaceProvider:
+        _require_or_skip(
+            "CORRAL_REQUIRE_BWRAP", shutil.which("bwrap") is not None, "bubblewrap is not installed"
+        )
+        from corral_local_sandbox import LocalSandboxProvider
+
+        return LocalSandboxProvider(tmpdir_root=str(tmp_path))
+
+
+@pytest.mark.bwrap
+class TestLocalSandboxProvider(AbstractProviderTests, LocalSandboxFixtures):
+    pass
+
+
+class DockerFixtures(LocalBashFixtures):
+    @pytest.fixture
+    def provider(self, tmp_path: Path) -> WorkspaceProvider:
+        _require_or_skip(
+            "CORRAL_REQUIRE_DOCKER",
+            _docker_ready(),
+            f"no Docker engine with the {DOCKER_IMAGE} image (packages/docker/scripts/ci-setup.sh)",
+        )
+        from corral_docker import DockerProvider
+
+        return DockerProvider(tmpdir_root=str(tmp_path), image=DOCKER_IMAGE, pull=False)
+
+
+@pytest.mark.docker
+class TestDockerProvider(AbstractProviderTests, DockerFixtures):
+    pass
