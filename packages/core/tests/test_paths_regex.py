@@ -146,3 +146,21 @@ def test_invalid_patterns_are_clean_errors() -> None:
         assert info.value.code == "invalid_argument"
     with pytest.raises(ValueError, match="unknown regex engine"):
         corral.get_regex_engine("pcre")
+
+
+def test_apply_edit_semantics() -> None:
+    data, count = corral.apply_edit(b"a b a", "a", "x", replace_all=True, where="/f")
+    assert (data, count) == (b"x b x", 2)
+    data, count = corral.apply_edit(b"a b", "b", "c", replace_all=False, where="/f")
+    assert (data, count) == (b"a c", 1)
+    cases = [
+        (b"a a", "a", "x", False, "not_unique"),
+        (b"a", "z", "x", False, "no_match"),
+        (b"a", "", "x", False, "invalid_argument"),
+        (b"\xff\xfe", "a", "x", False, "unsupported_file_type"),
+        (b"a", "a", "\ud800", False, "invalid_argument"),
+    ]
+    for raw, old, new, every, code in cases:
+        with pytest.raises(OperationError) as info:
+            corral.apply_edit(raw, old, new, replace_all=every, where="/f")
+        assert info.value.code == code

@@ -91,7 +91,7 @@ async def test_edit_errors(fs: corral.FileSystem) -> None:
     await fs.mkdir("/d")
     assert await code_of(fs.edit_file("/t.txt", "zzz", "y")) == "no_match"
     assert await code_of(fs.edit_file("/t.txt", "", "y")) == "invalid_argument"
-    assert await code_of(fs.edit_file("/bin", "a", "b")) == "invalid_argument"
+    assert await code_of(fs.edit_file("/bin", "a", "b")) == "unsupported_file_type"
     assert await code_of(fs.edit_file("/missing", "a", "b")) == "not_found"
     assert await code_of(fs.edit_file("/d", "a", "b")) == "is_a_directory"
     assert await code_of(fs.edit_file("/t.txt", "a", "\ud800")) == "invalid_argument"

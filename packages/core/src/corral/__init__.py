@@ -33,7 +33,7 @@ from ._errors import (
     WorkspaceFailedError,
 )
 from ._observe import NoopMetrics, UsageRecorder, WorkspaceEvent, WorkspaceMetrics
-from ._paths import glob_match, is_binary, join_path, normalize_path, path_parts
+from ._paths import apply_edit, glob_match, is_binary, join_path, normalize_path, path_parts
 from ._plugins import BLOCK_ENV, CliCommand, PluginSet, ProviderSpec, load_plugins
 from ._policies import CodePolicy, FsPolicy, ScriptPolicy, ShellPolicy, SnapshotPolicy
 from ._protocols import (
@@ -136,6 +136,7 @@ __all__ = [
     "WorkspaceSession",
     "WorkspaceToolset",
     "anthropic_tool_results",
+    "apply_edit",
     "check_ref",
     "check_ref_schema_version",
     "check_user_tool_name",

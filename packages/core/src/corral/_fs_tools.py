@@ -103,7 +103,12 @@ async def _write_file(env: ToolEnv, args: dict[str, Any]) -> Any:
                 "argument 'content': not valid base64", code="invalid_argument"
             ) from None
     else:
-        data = content.encode("utf-8", errors="surrogatepass")
+        try:
+            data = content.encode("utf-8")
+        except UnicodeEncodeError:
+            raise OperationError(
+                "argument 'content': not valid Unicode (a lone surrogate)", code="invalid_argument"
+            ) from None
     if len(data) > policy.max_file_bytes:
         raise OperationError(
             f"content is {len(data)} bytes, over the {policy.max_file_size_mb:g} MB write limit",

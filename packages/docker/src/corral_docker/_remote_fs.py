@@ -31,6 +31,7 @@ from corral import (
     Matcher,
     OperationError,
     WorkspaceEvictedError,
+    apply_edit,
     glob_match,
     is_binary,
     join_path,
@@ -269,26 +270,11 @@ class ContainerFileSystem:
             raise OperationError("old_text must not be empty", code="invalid_argument")
         parts = path_parts(path)
         raw = await self.read_file(path)
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise OperationError(
-                f"{_where(parts)} is not valid UTF-8 text", code="invalid_argument"
-            ) from None
-        count = text.count(old_text)
-        if count == 0:
-            raise OperationError(f"old_text was not found in {_where(parts)}", code="no_match")
-        if count > 1 and not replace_all:
-            raise OperationError(
-                f"old_text occurs {count} times in {_where(parts)}; make it unique or "
-                "set replace_all",
-                code="not_unique",
-            )
-        done = (
-            text.replace(old_text, new_text) if replace_all else text.replace(old_text, new_text, 1)
+        data, count = apply_edit(
+            raw, old_text, new_text, replace_all=replace_all, where=_where(parts)
         )
-        await self.write_file(path, done.encode("utf-8"))
-        return count if replace_all else 1
+        await self.write_file(path, data)
+        return count
 
     async def ls(self, path: str = "/") -> Sequence[FileEntry]:
         """List a directory, sorted by name; symlinks are not followed."""

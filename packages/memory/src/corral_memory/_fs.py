@@ -21,6 +21,7 @@ from corral import (
     GrepResult,
     Matcher,
     OperationError,
+    apply_edit,
     ensure_open,
     normalize_path,
     path_parts,
@@ -143,27 +144,9 @@ class InMemoryFileSystem:
             node = state.tree.lookup(parts)
             if isinstance(node, DirNode):
                 raise _is_a_directory(parts)
-            try:
-                text = node.data.decode("utf-8")
-            except UnicodeDecodeError:
-                raise OperationError(
-                    f"{display(parts)}: not a UTF-8 text file", code="invalid_argument"
-                ) from None
-            count = text.count(old_text)
-            if count == 0:
-                raise OperationError(f"{display(parts)}: old_text not found", code="no_match")
-            if count > 1 and not replace_all:
-                raise OperationError(
-                    f"{display(parts)}: old_text occurs {count} times; make it unique "
-                    "or set replace_all",
-                    code="not_unique",
-                )
-            try:
-                data = text.replace(old_text, new_text).encode("utf-8")
-            except UnicodeEncodeError:
-                raise OperationError(
-                    "new_text is not valid Unicode", code="invalid_argument"
-                ) from None
+            data, count = apply_edit(
+                node.data, old_text, new_text, replace_all=replace_all, where=display(parts)
+            )
             _check_file_size(state, len(data))
             self._put(state, parts, data)
         return count

@@ -25,7 +25,7 @@ from typing import Final
 
 import attrs
 
-from corral import FileStat, FileType, OperationError, path_parts
+from corral import FileStat, FileType, OperationError, apply_edit, path_parts
 
 from ._resolve import Resolver, errno_code, open_beneath
 
@@ -262,32 +262,14 @@ def edit_text(
     if not old_text:
         raise OperationError("old_text must not be empty", code="invalid_argument")
     raw = read_bytes(root_fd, parts, cfg)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise OperationError(
-            f"{where(parts)} is not UTF-8 text", code="unsupported_file_type"
-        ) from None
-    count = text.count(old_text)
-    if count == 0:
-        raise OperationError(f"old_text was not found in {where(parts)}", code="no_match")
-    if count > 1 and not replace_all:
-        raise OperationError(
-            f"old_text occurs {count} times in {where(parts)}; "
-            "give more context or set replace_all",
-            code="not_unique",
-        )
-    updated = (
-        text.replace(old_text, new_text) if replace_all else text.replace(old_text, new_text, 1)
-    )
-    data = updated.encode("utf-8")
+    data, count = apply_edit(raw, old_text, new_text, replace_all=replace_all, where=where(parts))
     if len(data) > cfg.max_file_bytes:
         raise OperationError(
             f"the edited {where(parts)} would be over the {cfg.max_file_bytes}-byte limit",
             code="too_large",
         )
     _replace(root_fd, parts, data, cfg, create_parents=False)
-    return count if replace_all else 1
+    return count
 
 
 def stat_path(root_fd: int, parts: Sequence[str], cfg: FsConfig) -> FileStat:
