@@ -25,7 +25,10 @@ for wheel in "$dist"/*.whl; do
   fi
   if [ "$name" = corral_memory ]; then
     # corral-core + corral-memory alone: the provider is found through its entry point.
-    "$venv/bin/corral" providers | tee /dev/stderr | grep -q '^in-memory' || { echo "FAIL  corral providers misses in-memory"; status=1; }
+    # Print through our own stdout: reopening /dev/stderr by path would truncate a log file.
+    listing=$("$venv/bin/corral" providers)
+    printf '%s\n' "$listing"
+    grep -q '^in-memory' <<<"$listing" || { echo "FAIL  corral providers misses in-memory"; status=1; }
   fi
   rm -rf "$venv"
 done
