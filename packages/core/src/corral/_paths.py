@@ -24,6 +24,11 @@ MAX_COMPONENT_LENGTH: Final = 255
 BINARY_SNIFF_BYTES: Final = 8192
 
 
+@functools.lru_cache(maxsize=1024)  # worst case ~8 MB of 4 KiB paths
+def _clean_parts(path: str) -> tuple[str, ...]:
+    return _split(path)
+
+
 def path_parts(path: str) -> tuple[str, ...]:
     """Split an agent path into clean components (``()`` for the root).
 
@@ -37,6 +42,13 @@ def path_parts(path: str) -> tuple[str, ...]:
     """
     if not isinstance(path, str):
         raise OperationError("path must be a string", code="invalid_path")
+    if type(path) is not str:  # a str subclass could hash or compare oddly: no cache
+        return _split(str.__str__(path))
+    # Agents repeat paths constantly; results are immutable, failures are not cached.
+    return _clean_parts(path)
+
+
+def _split(path: str) -> tuple[str, ...]:
     if "\x00" in path:
         raise OperationError("path contains a NUL byte", code="invalid_path")
     try:

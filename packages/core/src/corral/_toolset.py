@@ -36,6 +36,10 @@ log = logging.getLogger("corral.tools")
 ResultFilter = Callable[[str, Mapping[str, Any], ToolResult], ToolResult | Awaitable[ToolResult]]
 """Sees every result before the model does; may scrub or annotate it."""
 
+# One encoder for every result: json.dumps with non-default options builds a new
+# JSONEncoder on every call, which costs more than encoding a small result.
+_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, default=str)
+
 _RESERVED_LOG_KEYS: Final = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 
 
@@ -62,7 +66,7 @@ def _render(data: Any) -> str:
                 f"call again with offset={last + 1} for more]"
             )
         return text
-    return json.dumps(data, ensure_ascii=False, default=str)
+    return _ENCODER.encode(data)
 
 
 class WorkspaceToolset:
