@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Final
 
 __all__ = ["AuditLog"]
@@ -62,36 +62,57 @@ class AuditLog:
             pending, self._pending_suppressed = self._pending_suppressed, 0
             return True, pending
 
-    def _emit(self, level: int, msg: str, *args: object, extra: dict[str, object]) -> None:
+    def _admit_level(self, level: int) -> bool:
+        """Spend a token and report pending suppressions; whether to build the record.
+
+        Every decision spends a token whether or not ``level`` is enabled, so
+        the budget and the suppressed count do not depend on logging config;
+        only the formatting is skipped for a disabled level.
+        """
         admitted, suppressed = self._admit()
         if not admitted:
-            return
+            return False
         if suppressed:
             self.logger.warning(
                 "%d shell audit records suppressed by the rate limit",
                 suppressed,
                 extra={"corral_audit": {"event": "suppressed", "count": suppressed}},
             )
-        self.logger.log(level, msg, *args, extra={"corral_audit": extra})
+        return self.logger.isEnabledFor(level)
 
-    def accepted(self, command: str, cwd: str, env_names: Sequence[str]) -> None:
+    def accepted(self, command: str, cwd: str, env_names: Iterable[str]) -> None:
         """Record an accepted command (variable names only, never values)."""
+        if not self._admit_level(logging.INFO):
+            return
         names = sorted(env_names)
-        self._emit(
-            logging.INFO,
+        self.logger.info(
             "accepted command=%s cwd=%s env=%s",
             _shown(command),
             repr(cwd),
             names,
-            extra={"event": "accepted", "command": command[:_MAX_SHOWN], "cwd": cwd, "env": names},
+            extra={
+                "corral_audit": {
+                    "event": "accepted",
+                    "command": command[:_MAX_SHOWN],
+                    "cwd": cwd,
+                    "env": names,
+                }
+            },
         )
 
     def rejected(self, command: str, reason: str) -> None:
         """Record a rejected command with the rule that refused it."""
-        self._emit(
-            logging.WARNING,
+        if not self._admit_level(logging.WARNING):
+            return
+        self.logger.warning(
             "rejected command=%s reason=%s",
             _shown(command),
             reason,
-            extra={"event": "rejected", "command": command[:_MAX_SHOWN], "reason": reason},
+            extra={
+                "corral_audit": {
+                    "event": "rejected",
+                    "command": command[:_MAX_SHOWN],
+                    "reason": reason,
+                }
+            },
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import tempfile
@@ -20,6 +21,7 @@ __all__ = [
 
 DEFAULT_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
 MAX_ENV_BYTES: Final = 128 * 1024
+_CACHED_NAME_CHARS: Final = 128
 
 _NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -86,6 +88,18 @@ def denied_reason(name: str) -> str | None:
     Returns:
         A short rule name such as ``"dynamic loader variable"``, or None.
     """
+    # Names are few and short in practice; a long one is not worth a cache slot.
+    if len(name) <= _CACHED_NAME_CHARS:
+        return _cached_reason(name)
+    return _reason(name)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_reason(name: str) -> str | None:
+    return _reason(name)
+
+
+def _reason(name: str) -> str | None:
     if not _NAME.match(name):
         return "not a valid variable name"
     upper = name.upper()

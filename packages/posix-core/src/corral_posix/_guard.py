@@ -44,6 +44,18 @@ run a program or code the allowlist never sees."""
 _DECLARATIONS: Final = frozenset({"export", "readonly", "local", "declare", "typeset"})
 _ASSIGNMENT: Final = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?=)")
 
+# Words of ASCII characters that neither sh, the lexer nor shlex give any
+# meaning (no quotes, backslash, operators, '$', globs, '#', '~', and no
+# whitespace but blanks), separated by blanks.  For such a command (not all
+# blanks: refused earlier) ``str.split()`` is exactly ``shlex.split`` and the
+# lexer finds nothing, so the full path would accept it with the same argv;
+# anything else takes the full path.  A property test holds the two paths to
+# identical decisions.
+_PLAIN: Final = re.compile(r"[A-Za-z0-9_./:=+,@%\- \t]+")
+# UTF-8 needs at most 4 bytes per code point: shorter commands skip the encode.
+_MAX_CHARS_UNCHECKED: Final = MAX_COMMAND_BYTES // 4
+_OPEN_DIR: Final = os.O_RDONLY | os.O_DIRECTORY
+
 
 @attrs.frozen
 class GuardedCommand:
@@ -116,7 +128,12 @@ class ShellGuard:
         except OperationError as exc:
             self.audit.rejected(_text(request.command), exc.message)
             raise
-        self.audit.accepted(request.command, "/" + "/".join(parts), list(env))
+        try:
+            self.audit.accepted(request.command, "/" + "/".join(parts), env)
+        except BaseException:
+            if cwd_fd is not None:
+                os.close(cwd_fd)
+            raise
         return GuardedCommand(tuple(argv), env, parts, cwd_fd)
 
     def check_command(self, request: CommandRequest) -> list[str]:
@@ -185,7 +202,14 @@ class ShellGuard:
             OperationError: ``not_found``, ``not_a_directory`` or ``invalid_path``.
         """
         parts = ShellGuard.cwd_parts(cwd)
-        return open_beneath(root_fd, parts, os.O_RDONLY | os.O_DIRECTORY, follow_leaf=True)
+        if not parts:
+            # "." beneath a directory fd cannot leave it nor cross a symlink:
+            # plain openat is what both resolvers would do, minus ctypes.
+            try:
+                return os.open(".", _OPEN_DIR | os.O_CLOEXEC, dir_fd=root_fd)
+            except OSError:
+                pass  # open_beneath raises the same error, with its code and message
+        return open_beneath(root_fd, parts, _OPEN_DIR, follow_leaf=True)
 
     def _command(self, request: CommandRequest) -> list[str]:
         command = request.command
@@ -193,7 +217,10 @@ class ShellGuard:
             raise OperationError("command is empty", code="invalid_argument")
         if "\x00" in command:
             raise OperationError("command contains a NUL byte", code="invalid_argument")
-        if len(command.encode("utf-8", "surrogatepass")) > MAX_COMMAND_BYTES:
+        if (
+            len(command) > _MAX_CHARS_UNCHECKED
+            and len(command.encode("utf-8", "surrogatepass")) > MAX_COMMAND_BYTES
+        ):
             raise OperationError(
                 f"command is longer than {MAX_COMMAND_BYTES} bytes", code="invalid_argument"
             )
@@ -203,28 +230,40 @@ class ShellGuard:
                 _check_shell_allowlist(command, allowed)
             # A leading '-' would be read as an option of sh; a space is inert.
             return ["sh", "-c", " " + command if command.startswith("-") else command]
-        lexed = _lex(command)
-        for finding in lexed.findings:
-            if finding.kind == "glob":
-                raise OperationError(
-                    f"command uses a glob ({finding.text!r}), which is not allowed without "
-                    "shell syntax; name the files explicitly",
-                    code="policy_denied",
-                )
-            raise OperationError(
-                f"command uses shell syntax ({finding.text!r}, {finding.description}), which is "
-                "not allowed; run a single program with arguments",
-                code="policy_denied",
-            )
-        try:
-            argv = shlex.split(command)
-        except ValueError:
-            raise OperationError(
-                "command ends with a lone backslash", code="invalid_argument"
-            ) from None
+        argv = _split_plain(command)
+        if argv is None:
+            argv = _split_argv(command)
         if allowed is not None:
             _check_program(argv[0], allowed)
         return argv
+
+
+def _split_plain(command: str) -> list[str] | None:
+    """The argv of a command without any shell syntax, or None (use the lexer)."""
+    return command.split() if _PLAIN.fullmatch(command) else None
+
+
+def _split_argv(command: str) -> list[str]:
+    """Refuse shell syntax and split like ``sh`` would; the full argv-mode path."""
+    lexed = _lex(command)
+    for finding in lexed.findings:
+        if finding.kind == "glob":
+            raise OperationError(
+                f"command uses a glob ({finding.text!r}), which is not allowed without "
+                "shell syntax; name the files explicitly",
+                code="policy_denied",
+            )
+        raise OperationError(
+            f"command uses shell syntax ({finding.text!r}, {finding.description}), which is "
+            "not allowed; run a single program with arguments",
+            code="policy_denied",
+        )
+    try:
+        return shlex.split(command)
+    except ValueError:
+        raise OperationError(
+            "command ends with a lone backslash", code="invalid_argument"
+        ) from None
 
 
 def _check_limits(request: CommandRequest) -> None:
