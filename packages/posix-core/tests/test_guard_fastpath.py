@@ -177,3 +177,12 @@ def test_guard_accepts_dict_env_names_sorted(caplog: pytest.LogCaptureFixture) -
 def test_denied_reason_same_for_short_and_long_names(name: str, reason: str | None) -> None:
     assert denied_reason(name) == reason
     assert denied_reason(name) == reason  # a second call may come from the cache
+
+
+@pytest.mark.parametrize("command", ["ls\r-rf", "ls \r", "\rls"])
+def test_carriage_return_is_refused_in_argv_mode(command: str) -> None:
+    guard = ShellGuard()
+    with pytest.raises(OperationError) as info:
+        guard.check_command(CommandRequest(command))
+    assert info.value.code == "invalid_argument"
+    assert "carriage return" in info.value.message

@@ -245,6 +245,12 @@ def _split_plain(command: str) -> list[str] | None:
 
 def _split_argv(command: str) -> list[str]:
     """Refuse shell syntax and split like ``sh`` would; the full argv-mode path."""
+    if "\r" in command:
+        # shlex splits on a carriage return, sh does not: refuse rather than guess.
+        raise OperationError(
+            "command contains a carriage return; send one line without CR",
+            code="invalid_argument",
+        )
     lexed = _lex(command)
     for finding in lexed.findings:
         if finding.kind == "glob":
