@@ -33,7 +33,15 @@ from ._errors import (
     WorkspaceFailedError,
 )
 from ._observe import NoopMetrics, UsageRecorder, WorkspaceEvent, WorkspaceMetrics
-from ._paths import apply_edit, glob_match, is_binary, join_path, normalize_path, path_parts
+from ._paths import (
+    BINARY_SNIFF_BYTES,
+    apply_edit,
+    glob_match,
+    is_binary,
+    join_path,
+    normalize_path,
+    path_parts,
+)
 from ._plugins import BLOCK_ENV, CliCommand, PluginSet, ProviderSpec, load_plugins
 from ._policies import CodePolicy, FsPolicy, ScriptPolicy, ShellPolicy, SnapshotPolicy
 from ._protocols import (
@@ -57,10 +65,12 @@ from ._refs import (
     unstructure_payload,
 )
 from ._regex import (
+    LineSearch,
     Matcher,
     Re2Engine,
     RegexEngine,
     RegexModuleEngine,
+    bytes_searcher,
     get_regex_engine,
     looks_catastrophic,
 )
@@ -74,6 +84,7 @@ from ._workspace import ModularWorkspace, ensure_open
 from .hookspecs import hookimpl, hookspec
 
 __all__ = [
+    "BINARY_SNIFF_BYTES",
     "BLOCK_ENV",
     "RESERVED_PREFIXES",
     "Capability",
@@ -92,6 +103,7 @@ __all__ = [
     "GrepMatch",
     "GrepOptions",
     "GrepResult",
+    "LineSearch",
     "Matcher",
     "ModularWorkspace",
     "NoopMetrics",
@@ -137,6 +149,7 @@ __all__ = [
     "WorkspaceToolset",
     "anthropic_tool_results",
     "apply_edit",
+    "bytes_searcher",
     "check_ref",
     "check_ref_schema_version",
     "check_user_tool_name",

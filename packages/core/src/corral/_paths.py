@@ -9,6 +9,7 @@ from typing import Final
 from ._errors import OperationError
 
 __all__ = [
+    "BINARY_SNIFF_BYTES",
     "MAX_COMPONENT_LENGTH",
     "MAX_PATH_LENGTH",
     "apply_edit",

@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Final, Protocol, runtime_checkable
 
 import regex
 
 from ._errors import OperationError
+from ._prefilter import Prefilter
 
 __all__ = [
+    "LineSearch",
     "Matcher",
     "Re2Engine",
     "RegexEngine",
     "RegexModuleEngine",
+    "bytes_searcher",
     "get_regex_engine",
     "looks_catastrophic",
 ]
@@ -91,14 +95,23 @@ def _check_length(pattern: str) -> None:
         )
 
 
-def _scan(search: Any, text: str, limit: int) -> list[tuple[int, str]]:
-    """Walk matches with ``search(text, pos)``, one result per line."""
+def _scan(search: Any, text: str, limit: int, prefilter: Prefilter | None) -> list[tuple[int, str]]:
+    """Walk matches with ``search(text, pos)``, one result per line.
+
+    The prefilter moves ``pos`` past text where no match can start and stops
+    the scan once the literal no longer occurs, rather than running the
+    regex over the rest of the text.
+    """
     found: list[tuple[int, str]] = []
     pos = 0
     line_no = 1
     counted_to = 0
     size = len(text)
     while pos <= size and len(found) < limit:
+        if prefilter is not None:
+            pos = prefilter.next_start(text, pos)
+            if pos < 0:
+                break
         m = search(text, pos)
         if m is None:
             break
@@ -114,15 +127,57 @@ def _scan(search: Any, text: str, limit: int) -> list[tuple[int, str]]:
     return found
 
 
+def _scan_candidate_lines(
+    search: Any, text: str, limit: int, prefilter: Prefilter
+) -> list[tuple[int, str]]:
+    """:func:`_scan` for a single-line pattern: search each line holding the literal alone.
+
+    google-re2 converts between character and byte offsets over the whole
+    text on every call with a position, so searching one short line is far
+    cheaper. A match of a pattern that cannot span lines lies inside one
+    line, and a line's ends look the same to ``^``, ``$`` (multiline),
+    ``\\b`` and ``\\B`` whether it is searched alone or in place (``\\A``,
+    ``\\z`` and lookaround never pass :func:`single_line` or the prefilter).
+    """
+    found: list[tuple[int, str]] = []
+    pos = 0
+    line_no = 1
+    counted_to = 0
+    size = len(text)
+    while pos <= size and len(found) < limit:
+        line_start = prefilter.next_start(text, pos)
+        if line_start < 0:
+            break
+        line_end = text.find("\n", line_start)
+        if line_end < 0:
+            line_end = size
+        line = text[line_start:line_end]
+        if search(line) is not None:
+            line_no += text.count("\n", counted_to, line_start)
+            counted_to = line_start
+            found.append((line_no, line.removesuffix("\r")))
+        pos = line_end + 1
+    return found
+
+
 class _RegexModuleMatcher:
-    def __init__(self, compiled: Any, pattern: str, timeout_s: float) -> None:
+    def __init__(
+        self, compiled: Any, pattern: str, timeout_s: float, prefilter: Prefilter | None
+    ) -> None:
         self._compiled = compiled
         self._pattern = pattern
         self._timeout_s = timeout_s
+        self._prefilter = prefilter
 
     @property
     def pattern(self) -> str:
         return self._pattern
+
+    def search_bytes(self, data: bytes, limit: int) -> list[tuple[int, str]]:
+        """:meth:`search_lines` on ``data`` decoded as UTF-8 (errors replaced)."""
+        if self._prefilter is not None and not self._prefilter.in_data(data):
+            return []
+        return self.search_lines(data.decode("utf-8", errors="replace"), limit)
 
     def search_lines(self, text: str, limit: int) -> list[tuple[int, str]]:
         deadline = time.monotonic() + self._timeout_s
@@ -135,7 +190,7 @@ class _RegexModuleMatcher:
             return compiled.search(t, pos, timeout=remaining)
 
         try:
-            return _scan(search, text, limit)
+            return _scan(search, text, limit, self._prefilter)
         except TimeoutError:
             raise OperationError(
                 f"pattern took longer than {self._timeout_s:g}s on one file; simplify it",
@@ -173,20 +228,31 @@ class RegexModuleEngine:
             raise OperationError(
                 f"invalid regular expression: {exc}", code="invalid_argument"
             ) from None
-        return _RegexModuleMatcher(compiled, pattern, self.timeout_s)
+        prefilter = None if ignore_case else Prefilter.for_pattern(pattern)
+        return _RegexModuleMatcher(compiled, pattern, self.timeout_s, prefilter)
 
 
 class _Re2Matcher:
-    def __init__(self, compiled: Any, pattern: str) -> None:
+    def __init__(self, compiled: Any, pattern: str, prefilter: Prefilter | None) -> None:
         self._compiled = compiled
         self._pattern = pattern
+        self._prefilter = prefilter
 
     @property
     def pattern(self) -> str:
         return self._pattern
 
+    def search_bytes(self, data: bytes, limit: int) -> list[tuple[int, str]]:
+        """:meth:`search_lines` on ``data`` decoded as UTF-8 (errors replaced)."""
+        if self._prefilter is not None and not self._prefilter.in_data(data):
+            return []
+        return self.search_lines(data.decode("utf-8", errors="replace"), limit)
+
     def search_lines(self, text: str, limit: int) -> list[tuple[int, str]]:
-        return _scan(self._compiled.search, text, limit)
+        prefilter = self._prefilter
+        if prefilter is not None and prefilter.single_line:
+            return _scan_candidate_lines(self._compiled.search, text, limit, prefilter)
+        return _scan(self._compiled.search, text, limit, prefilter)
 
 
 class Re2Engine:
@@ -215,7 +281,31 @@ class Re2Engine:
             raise OperationError(
                 f"invalid regular expression for RE2: {exc}", code="invalid_argument"
             ) from None
-        return _Re2Matcher(compiled, pattern)
+        prefilter = None if ignore_case else Prefilter.for_pattern(pattern)
+        return _Re2Matcher(compiled, pattern, prefilter)
+
+
+LineSearch = Callable[[bytes, int], list[tuple[int, str]]]
+"""Search UTF-8 file bytes: ``(data, limit) -> [(line_number, line), ...]``."""
+
+
+def bytes_searcher(matcher: Matcher) -> LineSearch:
+    """``matcher`` over raw file bytes, through its prefiltered fast path when it has one.
+
+    corral's own matchers have ``search_bytes``, which skips files lacking the
+    pattern's required literal without decoding them; any other
+    :class:`Matcher` is served by decoding (UTF-8, invalid bytes replaced)
+    and calling ``search_lines``. Providers call this once per grep.
+    """
+    fast = getattr(matcher, "search_bytes", None)
+    if callable(fast):
+        search: LineSearch = fast
+        return search
+
+    def decode_then_search(data: bytes, limit: int) -> list[tuple[int, str]]:
+        return matcher.search_lines(data.decode("utf-8", errors="replace"), limit)
+
+    return decode_then_search
 
 
 def get_regex_engine(name: str = "regex") -> RegexEngine:

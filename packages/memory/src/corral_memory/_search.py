@@ -13,13 +13,14 @@ from typing import Final
 import anyio.lowlevel
 
 from corral import (
+    BINARY_SNIFF_BYTES,
     GrepMatch,
     GrepOptions,
     GrepResult,
     Matcher,
     OperationError,
+    bytes_searcher,
     glob_match,
-    is_binary,
     join_path,
     path_parts,
 )
@@ -97,6 +98,7 @@ async def grep_tree(state: WorkspaceState, matcher: Matcher, options: GrepOption
     skipped_binary: list[str] = []
     truncated = False
     since_checkpoint = 0
+    search = bytes_searcher(matcher)
     for abspath, rel, node in files:
         if glob is not None:
             target = rel if glob_on_relpath else rel.rpartition("/")[2]
@@ -106,12 +108,12 @@ async def grep_tree(state: WorkspaceState, matcher: Matcher, options: GrepOption
         if len(data) > cap:
             skipped.append(abspath)
             continue
-        if is_binary(data):
+        if data.find(b"\x00", 0, BINARY_SNIFF_BYTES) >= 0:
             skipped_binary.append(abspath)
             continue
         # One more than fits tells an exactly-full result from a cut one.
         room = limit - len(matches)
-        hits = matcher.search_lines(data.decode("utf-8", errors="replace"), room + 1)
+        hits = search(data, room + 1)
         matches.extend(GrepMatch(abspath, line_no, line) for line_no, line in hits[:room])
         if len(hits) > room:
             truncated = True

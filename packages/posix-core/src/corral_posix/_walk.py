@@ -21,14 +21,15 @@ from typing import Final
 import attrs
 
 from corral import (
+    BINARY_SNIFF_BYTES,
     FileEntry,
     GrepMatch,
     GrepOptions,
     GrepResult,
     Matcher,
     OperationError,
+    bytes_searcher,
     glob_match,
-    is_binary,
     join_path,
     path_parts,
 )
@@ -247,7 +248,7 @@ def grep_tree(root_fd: int, matcher: Matcher, options: GrepOptions, cfg: FsConfi
 
 class _GrepState:
     def __init__(self, matcher: Matcher, options: GrepOptions, cfg: FsConfig) -> None:
-        self.matcher = matcher
+        self.search = bytes_searcher(matcher)
         self.glob = options.glob
         self.max_results = options.max_results
         self.max_bytes = cfg.max_file_bytes
@@ -271,26 +272,56 @@ class _GrepState:
             self.skipped.append(path)
             return
         try:
-            self.search_fd(fd, path, None)
+            data = _read_capped(fd, self.max_bytes)
         except OSError:
-            self.skipped.append(path)
+            data = None
         finally:
             os.close(fd)
+        if data is None:
+            self.skipped.append(path)
+        else:
+            self.search_data(data, path)
 
-    def search_fd(self, fd: int, path: str, parts: Sequence[str] | None) -> None:
+    def search_fd(self, fd: int, path: str, parts: Sequence[str]) -> None:
         try:
-            data = read_regular(
-                fd, parts if parts is not None else path_parts(path), self.max_bytes
-            )
+            data = read_regular(fd, parts, self.max_bytes)
         except OperationError:
             self.skipped.append(path)
             return
-        if is_binary(data):
+        self.search_data(data, path)
+
+    def search_data(self, data: bytes, path: str) -> None:
+        if data.find(b"\x00", 0, BINARY_SNIFF_BYTES) >= 0:
             self.binary.append(path)
             return
         room = self.max_results - len(self.matches)
-        found = self.matcher.search_lines(data.decode("utf-8", errors="replace"), room + 1)
+        found = self.search(data, room + 1)
         if len(found) > room:
             self.truncated = True
             found = found[:room]
         self.matches.extend(GrepMatch(path, line_no, line) for line_no, line in found)
+
+
+def _read_capped(fd: int, max_bytes: int) -> bytes | None:
+    """:func:`read_regular` for the walk: ``None`` instead of an error to word.
+
+    The same checks in the same order (fstat first, so a FIFO is never read;
+    the cap before any byte), but no path is built for a message nobody sees.
+    """
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+        return None
+    want = st.st_size + 1
+    data = os.read(fd, want)
+    if len(data) < want:
+        return data  # a short read of a regular file is its end
+    chunks = [data]
+    total = len(data)
+    # The file grew after the fstat; keep reading to EOF but never past the cap.
+    while chunks[-1]:
+        if total > max_bytes:
+            return None
+        chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
+        total += len(chunk)
+        chunks.append(chunk)
+    return b"".join(chunks)
