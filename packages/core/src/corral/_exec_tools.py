@@ -11,6 +11,7 @@ from ._errors import OperationError
 from ._paths import normalize_path
 from ._policies import CodePolicy, ScriptPolicy, ShellPolicy, SnapshotPolicy
 from ._tool import ToolEnv, ToolSpec
+from ._tool import object_schema as _schema
 
 __all__ = ["code_tools", "script_tools", "shell_tools", "snapshot_tools"]
 
@@ -18,15 +19,6 @@ _ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 _ID = {"type": "string", "minLength": 1, "maxLength": 200}
 MAX_COMMAND_CHARS: Final = 100_000
 MAX_CODE_CHARS: Final = 1_000_000
-
-
-def _schema(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": props,
-        "required": required,
-        "additionalProperties": False,
-    }
 
 
 def exec_data(result: ExecResult) -> dict[str, Any]:

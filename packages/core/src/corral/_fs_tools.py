@@ -11,6 +11,7 @@ from ._errors import OperationError
 from ._paths import normalize_path
 from ._policies import FsPolicy
 from ._tool import ToolEnv, ToolSpec
+from ._tool import object_schema as _schema
 
 __all__ = ["fs_tools"]
 
@@ -26,15 +27,6 @@ _PATH = {
     "description": "Workspace path, e.g. /notes/a.txt",
 }
 _OPT_PATH = {"type": "string", "maxLength": 4096, "description": "Workspace directory (default /)"}
-
-
-def _schema(props: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": props,
-        "required": required,
-        "additionalProperties": False,
-    }
 
 
 def _entry(e: FileEntry) -> dict[str, Any]:

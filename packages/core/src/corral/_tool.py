@@ -11,7 +11,17 @@ if TYPE_CHECKING:
     from ._regex import RegexEngine
     from ._registry import WorkspaceRegistry
 
-__all__ = ["Tool", "ToolEnv", "ToolHandler", "ToolResult", "ToolSpec"]
+__all__ = ["Tool", "ToolEnv", "ToolHandler", "ToolResult", "ToolSpec", "object_schema"]
+
+
+def object_schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    """The JSON Schema of a tool's arguments: an object with no unknown keys."""
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+    }
 
 
 @attrs.frozen
