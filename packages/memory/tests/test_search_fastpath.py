@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import corral
+from corral.testing import LinesOnlyMatcher
 from corral_memory import InMemoryProvider
 
 _CHUNKS = [
@@ -26,20 +27,6 @@ _PATTERNS = ["needle_[0-9]+", "ab", "é", "a.b", "^$", r"\w+_1", "k", r"b\r?$"]
 contents = st.lists(st.sampled_from(_CHUNKS), max_size=20).map(b"".join)
 
 
-class _SlowMatcher:
-    """Only the protocol's ``search_lines``: the provider must decode and scan."""
-
-    def __init__(self, inner: corral.Matcher) -> None:
-        self._inner = inner
-
-    @property
-    def pattern(self) -> str:
-        return self._inner.pattern
-
-    def search_lines(self, text: str, limit: int) -> list[tuple[int, str]]:
-        return self._inner.search_lines(text, limit)
-
-
 async def _grep_both(
     files: dict[str, bytes], matcher: corral.Matcher, limit: int
 ) -> tuple[corral.GrepResult, corral.GrepResult]:
@@ -53,7 +40,7 @@ async def _grep_both(
             await fs.write_file(path, data)
         options = corral.GrepOptions(max_results=limit)
         fast = await fs.grep(matcher, options)
-        slow = await fs.grep(_SlowMatcher(matcher), options)
+        slow = await fs.grep(LinesOnlyMatcher(matcher), options)
     finally:
         await opened.workspace.close()
     return fast, slow

@@ -19,9 +19,11 @@ from typing import Any
 from ._observe import NoopMetrics
 from ._plugins import PluginSet, load_plugins
 from ._protocols import WorkspaceProvider
+from ._regex import Matcher
 from ._session import WorkspaceSession, open_workspace
 
 __all__ = [
+    "LinesOnlyMatcher",
     "NoopHooks",
     "NoopMetrics",
     "RecordingHooks",
@@ -29,6 +31,27 @@ __all__ = [
     "noop_logger",
     "workspace_context",
 ]
+
+
+class LinesOnlyMatcher:
+    """A matcher exposing only the protocol's ``search_lines``.
+
+    corral's own matchers also have a prefiltered ``search_bytes`` fast path;
+    wrapping one in this proves a provider's grep still works (and agrees)
+    through the plain protocol, as it must for third-party matchers.
+    """
+
+    def __init__(self, inner: Matcher) -> None:
+        self._inner = inner
+
+    @property
+    def pattern(self) -> str:
+        """The source pattern."""
+        return self._inner.pattern
+
+    def search_lines(self, text: str, limit: int) -> list[tuple[int, str]]:
+        """Delegate to the wrapped matcher's text search."""
+        return self._inner.search_lines(text, limit)
 
 
 def noop_logger() -> logging.Logger:

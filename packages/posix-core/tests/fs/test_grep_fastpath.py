@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import corral
+from corral.testing import LinesOnlyMatcher
 from corral_posix._fileops import FsConfig
 from corral_posix._walk import grep_tree
 
@@ -28,20 +29,6 @@ _CHUNKS = [
 _PATTERNS = ["needle_[0-9]+", "ab", "é", "a.b", "^$", r"\w+_1", "k", r"b\r?$"]
 
 contents = st.lists(st.sampled_from(_CHUNKS), max_size=20).map(b"".join)
-
-
-class _SlowMatcher:
-    """Only the protocol's ``search_lines``: grep must decode and scan."""
-
-    def __init__(self, inner: corral.Matcher) -> None:
-        self._inner = inner
-
-    @property
-    def pattern(self) -> str:
-        return self._inner.pattern
-
-    def search_lines(self, text: str, limit: int) -> list[tuple[int, str]]:
-        return self._inner.search_lines(text, limit)
 
 
 @settings(max_examples=60, deadline=None)
@@ -65,7 +52,7 @@ def test_fast_and_slow_grep_agree(
         fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fast = grep_tree(fd, matcher, options, cfg)
-            slow = grep_tree(fd, _SlowMatcher(matcher), options, cfg)
+            slow = grep_tree(fd, LinesOnlyMatcher(matcher), options, cfg)
         finally:
             os.close(fd)
     assert fast == slow
