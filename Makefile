@@ -7,7 +7,7 @@ SHELL := /bin/bash
 UV := $(shell command -v uv 2>/dev/null || echo $(CURDIR)/.tools/bin/uv)
 RUN := $(UV) run --frozen
 
-.PHONY: help setup demo test lint format typecheck bench wheels check-wheels clean
+.PHONY: help setup demo test lint format typecheck bench wheels check-wheels check-lowest clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[1m%-14s\033[0m %s\n", $$1, $$2}'
@@ -46,6 +46,9 @@ wheels: setup ## build one wheel per package into dist/
 
 check-wheels: wheels ## install each wheel alone in a fresh venv and import it
 	bash scripts/check-wheels.sh dist
+
+check-lowest: setup ## core's tests on the lowest versions its dependencies allow
+	UV=$(UV) bash scripts/check-lowest.sh
 
 clean: ## remove build output and caches
 	rm -rf dist .venv .tools .mypy_cache .ruff_cache .hypothesis
