@@ -188,8 +188,8 @@ def _build(root: Path, tree: dict[tuple[str, ...], tuple[object, ...]]) -> None:
             else:
                 path.mkdir()
                 dirs_ro.append((path, spec[1]))  # type: ignore[arg-type]
-        except (FileExistsError, NotADirectoryError):
-            continue  # a prefix was already made a file or link: keep the first
+        except OSError:
+            continue  # a prefix was already made a file or (looping) link: keep the first
     for path, mode in dirs_ro:
         path.chmod(mode)
 

@@ -53,9 +53,13 @@ class FileNode:
 
 @attrs.define(slots=True, eq=False)
 class DirNode:
-    """A directory; its children map names to nodes."""
+    """A directory; its children map names to nodes.
 
-    children: dict[str, Node]
+    ``children`` stays out of ``repr``: a generated repr recurses once per
+    level, and the agent decides how deep a tree is.
+    """
+
+    children: dict[str, Node] = attrs.field(repr=False)
     mtime: float
     mode: int = DIR_MODE
 

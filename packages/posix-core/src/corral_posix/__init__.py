@@ -7,6 +7,7 @@ snapshot store that local-bash, local-sandbox and docker share.
 
 from __future__ import annotations
 
+from ._fdtree import remove_tree_at
 from ._fs import TmpdirFileSystem
 from ._guard import GuardedCommand, ShellGuard
 from ._layout import TmpdirLayout, TmpdirRefPayload, remove_tree, sanitize_session_id
@@ -45,5 +46,6 @@ __all__: list[str] = [
     "open_beneath",
     "openat2_available",
     "remove_tree",
+    "remove_tree_at",
     "sanitize_session_id",
 ]

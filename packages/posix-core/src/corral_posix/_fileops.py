@@ -27,6 +27,7 @@ import attrs
 
 from corral import FileStat, FileType, OperationError, apply_edit, path_parts
 
+from ._fdtree import remove_tree_at
 from ._resolve import Resolver, errno_code, open_beneath
 
 __all__ = [
@@ -46,7 +47,6 @@ __all__ = [
 
 READ_FLAGS: Final = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 DIR_FLAGS: Final = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
-_MAX_RMTREE_DEPTH: Final = 512
 
 
 @attrs.frozen
@@ -321,7 +321,9 @@ def rm(root_fd: int, parts: Sequence[str], recursive: bool, cfg: FsConfig) -> No
         if not stat.S_ISDIR(st.st_mode):
             os.unlink(parts[-1], dir_fd=parent)
         elif recursive:
-            _rmtree(parent, parts[-1], 0)
+            # Iterative, fd-bounded, never following a symlink: the depth of
+            # the tree is the agent's to choose.
+            remove_tree_at(parent, parts[-1])
         else:
             try:
                 os.rmdir(parts[-1], dir_fd=parent)
@@ -336,27 +338,3 @@ def rm(root_fd: int, parts: Sequence[str], recursive: bool, cfg: FsConfig) -> No
         raise oserror(exc, parts, "remove") from None
     finally:
         os.close(parent)
-
-
-def _rmtree(parent: int, name: str, depth: int) -> None:
-    """Remove a tree through dir fds opened ``O_NOFOLLOW``: a symlink swapped in
-    for a directory is unlinked or refused, never descended into."""
-    if depth > _MAX_RMTREE_DEPTH:
-        raise OperationError("directory tree is too deep to remove", code="too_large")
-    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
-    try:
-        with os.scandir(fd) as it:
-            entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
-        for child, is_dir in entries:
-            if is_dir:
-                _rmtree(fd, child, depth + 1)
-            else:
-                try:
-                    os.unlink(child, dir_fd=fd)
-                except IsADirectoryError:
-                    _rmtree(fd, child, depth + 1)
-                except FileNotFoundError:
-                    pass
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=parent)

@@ -18,7 +18,14 @@ from ._env import check_environment, denied_reason
 from ._resolve import open_beneath
 from ._shsyntax import REDIRECTIONS, Lexed, ShellSyntaxError, Word, lex, split_simple_commands
 
-__all__ = ["MAX_COMMAND_BYTES", "UNSAFE_BUILTINS", "GuardedCommand", "ShellGuard"]
+__all__ = [
+    "MAX_COMMAND_BYTES",
+    "RESERVED_WORDS",
+    "UNSAFE_BUILTINS",
+    "GuardedCommand",
+    "ShellGuard",
+    "allowlist_programs",
+]
 
 MAX_COMMAND_BYTES: Final = 64 * 1024
 UNSAFE_BUILTINS: Final = frozenset(
@@ -40,6 +47,36 @@ UNSAFE_BUILTINS: Final = frozenset(
 )
 """Built-ins refused in shell-syntax mode when an allowlist is set: each can
 run a program or code the allowlist never sees."""
+
+RESERVED_WORDS: Final = frozenset(
+    {
+        "!",
+        "{",
+        "}",
+        "[[",
+        "]]",
+        "case",
+        "coproc",
+        "do",
+        "done",
+        "elif",
+        "else",
+        "esac",
+        "fi",
+        "for",
+        "function",
+        "if",
+        "in",
+        "select",
+        "then",
+        "time",
+        "until",
+        "while",
+    }
+)
+"""Reserved words of sh and bash, refused as a command name while an
+allowlist is set even when listed: the lexer reads simple commands, not
+compound ones, so it cannot tell which words such a construct runs."""
 
 _DECLARATIONS: Final = frozenset({"export", "readonly", "local", "declare", "typeset"})
 _ASSIGNMENT: Final = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?=)")
@@ -302,6 +339,22 @@ def _check_program(program: str, allowed: frozenset[str]) -> None:
 
 
 def _check_shell_allowlist(command: str, allowed: frozenset[str]) -> None:
+    for program, args in allowlist_programs(command):
+        _check_program_word(program, args, allowed)
+
+
+def allowlist_programs(command: str) -> list[tuple[Word, list[Word]]]:
+    """The command word and arguments of every simple command, as the guard reads them.
+
+    Refuses what an allowlist cannot be checked against: command
+    substitution, subshells, and constructs the lexer cannot read exactly as
+    ``sh`` does (see :mod:`corral_posix._shsyntax`). Exposed so the
+    differential test can compare this reading with what real shells run.
+
+    Raises:
+        OperationError: ``policy_denied`` for a refused construct or a denied
+            assignment, ``invalid_argument`` for an unterminated quote.
+    """
     lexed = _lex(command)
     for finding in lexed.findings:
         if finding.kind == "substitution":
@@ -315,8 +368,18 @@ def _check_shell_allowlist(command: str, allowed: frozenset[str]) -> None:
                 "while an allowlist is set",
                 code="policy_denied",
             )
+        if finding.kind == "unsupported":
+            raise OperationError(
+                f"command uses {finding.description}, which cannot be checked against the "
+                "allowed commands; rewrite it without that construct",
+                code="policy_denied",
+            )
+    out: list[tuple[Word, list[Word]]] = []
     for simple in split_simple_commands(lexed.words):
-        _check_simple_command(simple, allowed)
+        found = _program_of(simple)
+        if found is not None:
+            out.append(found)
+    return out
 
 
 def _check_assignment(word: Word) -> bool:
@@ -335,7 +398,12 @@ def _check_assignment(word: Word) -> bool:
     return True
 
 
-def _check_simple_command(words: list[Word], allowed: frozenset[str]) -> None:
+def _program_of(words: list[Word]) -> tuple[Word, list[Word]] | None:
+    """Split a simple command into its command word and arguments.
+
+    Redirections and their targets are dropped; leading assignments are
+    checked (a denied variable or PATH is refused) and dropped.
+    """
     program: Word | None = None
     args: list[Word] = []
     skip_next = False
@@ -354,8 +422,10 @@ def _check_simple_command(words: list[Word], allowed: frozenset[str]) -> None:
             program = word
         else:
             args.append(word)
-    if program is None:
-        return
+    return None if program is None else (program, args)
+
+
+def _check_program_word(program: Word, args: list[Word], allowed: frozenset[str]) -> None:
     if program.dynamic or program.glob:
         raise OperationError(
             f"command name {program.text!r} must be a literal word while an allowlist is set",
@@ -364,6 +434,12 @@ def _check_simple_command(words: list[Word], allowed: frozenset[str]) -> None:
     if program.text in UNSAFE_BUILTINS:
         raise OperationError(
             f"built-in {program.text!r} is not allowed while an allowlist is set",
+            code="policy_denied",
+        )
+    if program.text in RESERVED_WORDS and not program.quoted:
+        raise OperationError(
+            f"shell keyword {program.text!r} is not allowed while an allowlist is set; "
+            "run simple commands joined by ';', '&&', '||' or '|'",
             code="policy_denied",
         )
     _check_program(program.text, allowed)

@@ -8,6 +8,7 @@ owns one base directory, private to the current user::
         state/ws-<session>-<random>/marker.json      "this directory is ours"
         state/ws-<session>-<random>/snapshots/       its snapshot tarballs
         .tmp-*, .trash-*                             restores and removals in flight
+        .stuck-*                                     leftovers a sweep could not remove
 
 The uid in the base name keeps users sharing ``/tmp`` from colliding, and
 the base is refused when another user owns it or anyone else may write to
@@ -25,19 +26,23 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import os
 import re
-import shutil
+import secrets
 import stat
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, Final
+from collections.abc import Iterator
+from typing import Final
 
 import attrs
 
 from corral import WorkspaceFailedError
+
+from ._fdtree import remove_tree_at
+
+log = logging.getLogger("corral.posix.layout")
 
 __all__ = [
     "MARKER_NAME",
@@ -52,6 +57,10 @@ _STATE: Final = "state"
 _SNAPSHOTS: Final = "snapshots"
 _MAX_SID: Final = 32
 _SCRATCH_MAX_AGE_S: Final = 3600
+_STUCK_RETRY_S: Final = 24 * 3600
+_SWEEP_INTERVAL_S: Final = 60.0
+_SCRATCH_PREFIXES: Final = (".tmp-", ".trash-")
+_STUCK_PREFIX: Final = ".stuck-"
 _NAME_RE: Final = re.compile(r"ws-[A-Za-z0-9_-]{1,32}-[a-z0-9_]{8}")
 _SID_BAD: Final = re.compile(r"[^A-Za-z0-9_-]")
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -81,25 +90,30 @@ def sanitize_session_id(session_id: str) -> str:
     return clean or "_"
 
 
-def _rmtree_onerror(func: Callable[..., Any], path: str, _exc: Any) -> None:
-    # A read-only directory (chmod 500 by the agent) blocks unlinking its
-    # children; make the parent writable and retry once.
-    parent = os.path.dirname(path)
-    with contextlib.suppress(OSError):
-        os.chmod(parent, 0o700, follow_symlinks=False)
-    with contextlib.suppress(FileNotFoundError):
-        func(path)
-
-
 def remove_tree(path: str) -> None:
-    """Remove a directory tree without following symlinks; a missing tree is fine."""
+    """Remove a directory tree (or any entry) without following symlinks; missing is fine.
+
+    Iterative and fd-bounded at any depth (:func:`remove_tree_at`): the
+    workspace's content decides how deep the tree is, and CPython's
+    ``shutil.rmtree`` recurses once per level before 3.13.
+
+    Raises:
+        OSError: Something could not be removed.
+        OperationError: The tree was moved concurrently or kept refilling.
+    """
+    parent, name = os.path.split(os.path.normpath(path))
     try:
-        if sys.version_info >= (3, 12):
-            shutil.rmtree(path, onexc=_rmtree_onerror)
-        else:
-            shutil.rmtree(path, onerror=_rmtree_onerror)
+        parent_fd = os.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
-        pass
+        return
+    try:
+        remove_tree_at(parent_fd, name)
+    finally:
+        os.close(parent_fd)
+
+
+_LAST_SWEEP: dict[str, float] = {}
+"""When this process last swept each base directory (monotonic seconds)."""
 
 
 class TmpdirLayout:
@@ -288,21 +302,59 @@ class TmpdirLayout:
         return self.workspace_path(name)
 
     def _sweep_scratch(self) -> None:
-        # Scratch trees of a restore or removal that crashed; an hour is far
-        # longer than any restore, so a live one is never touched.
-        cutoff = time.time() - _SCRATCH_MAX_AGE_S
+        """Remove scratch trees of restores and removals that crashed.
+
+        Runs at the start of every open, so nothing in it may stop one: each
+        entry's failure, whatever it is, is caught, counted and logged once
+        per sweep. An entry that cannot be removed is renamed ``.stuck-*``
+        (the rename refreshes its ctime) and retried only once a day, so one
+        undeletable leftover does not make every open pay for it; and a
+        process sweeps a base at most once a minute.
+        """
+        now = time.monotonic()
+        last = _LAST_SWEEP.get(self.base_dir)
+        if last is not None and now - last < _SWEEP_INTERVAL_S:
+            return
+        _LAST_SWEEP[self.base_dir] = now
         try:
-            entries = list(os.scandir(self.base_dir))
+            with os.scandir(self.base_dir) as it:
+                entries = list(it)
         except OSError:
             return
+        failed = 0
         for entry in entries:
-            if not entry.name.startswith((".tmp-", ".trash-")):
-                continue
             try:
-                if entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                    remove_tree(entry.path)
-            except OSError:
-                continue
+                self._sweep_one(entry)
+            except Exception:
+                failed += 1
+                self._set_aside(entry.name)
+        if failed:
+            log.warning(
+                "%s: %d leftover scratch tree(s) under %s could not be removed; "
+                "set aside as .stuck-* and retried daily",
+                self.provider_id,
+                failed,
+                self.base_dir,
+            )
+
+    def _sweep_one(self, entry: os.DirEntry[str]) -> None:
+        if entry.name.startswith(_SCRATCH_PREFIXES):
+            # An hour is far longer than any restore: a live one is never touched.
+            age_field, max_age = "st_mtime", _SCRATCH_MAX_AGE_S
+        elif entry.name.startswith(_STUCK_PREFIX):
+            age_field, max_age = "st_ctime", _STUCK_RETRY_S
+        else:
+            return
+        st = entry.stat(follow_symlinks=False)
+        if getattr(st, age_field) < time.time() - max_age:
+            remove_tree(entry.path)
+
+    def _set_aside(self, name: str) -> None:
+        stuck = f"{_STUCK_PREFIX}{secrets.token_hex(6)}"
+        try:
+            os.rename(os.path.join(self.base_dir, name), os.path.join(self.base_dir, stuck))
+        except Exception:
+            log.debug("%s: cannot set aside a scratch tree", self.provider_id)
 
     def new_temp_dir(self, kind: str) -> str:
         """A private scratch directory beside the workspaces (``.tmp-``/``.trash-``)."""

@@ -65,6 +65,10 @@ class Isolation:
             after each command); must forward ``aclose``.
         decorate_fs: Wraps the file tools the agent sees (snapshots keep the
             undecorated filesystem).
+        after_extract: Called (blocking, in a worker thread) with ``(root,
+            state_dir)`` after a snapshot restore rewrote this workspace or a
+            branch created one, before it is used (e.g. to re-verify paths
+            the isolation protects: a snapshot holds whatever was there).
     """
 
     wrapper: CommandWrapper | None = None
@@ -72,6 +76,7 @@ class Isolation:
     details: Mapping[str, Any] = attrs.field(factory=dict)
     decorate_shell: Callable[[Shell], Shell] | None = None
     decorate_fs: Callable[[FileSystem], FileSystem] | None = None
+    after_extract: Callable[[str, str], object] | None = None
 
 
 NO_ISOLATION: Final = Isolation()
@@ -275,6 +280,7 @@ class TmpdirWorkspaceProvider:
                     lambda n: self._ref(_with_workspace(payload, n), caps),
                     fs=fs,
                     compresslevel=self._level,
+                    after_extract=isolation.after_extract,
                 )
         except BaseException:
             with anyio.CancelScope(shield=True):

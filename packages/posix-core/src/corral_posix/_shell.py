@@ -211,7 +211,14 @@ class SubprocessShell:
         else:
             final = await self._execute(payload, rights, out, err)
         duration_ms = (time.perf_counter() - started) * 1000.0
-        return _result(final, program=wrapped.argv[0], out=out, err=err, duration_ms=duration_ms)
+        return _result(
+            final,
+            program=wrapped.argv[0],
+            out=out,
+            err=err,
+            duration_ms=duration_ms,
+            signal_as_status=wrapped.signal_as_status,
+        )
 
     async def _execute(self, payload: bytes, rights: bytes, out: Capture, err: Capture) -> bytes:
         """Run the request on a pooled reaper; return its ``X`` message."""
@@ -352,7 +359,13 @@ async def _messages(reaper: Reaper, out: Capture, err: Capture) -> bytes:
 
 
 def _result(
-    final: bytes, *, program: str, out: Capture, err: Capture, duration_ms: float
+    final: bytes,
+    *,
+    program: str,
+    out: Capture,
+    err: Capture,
+    duration_ms: float,
+    signal_as_status: bool = False,
 ) -> ExecResult:
     if not final:
         raise OperationError("the command's reaper process was killed", code="failed")
@@ -373,6 +386,8 @@ def _result(
     else:
         decoded = os.waitstatus_to_exitcode(value)
         exit_code, signal_number = (decoded, None) if decoded >= 0 else (None, -decoded)
+        if signal_as_status and exit_code is not None and 128 < exit_code < 160:
+            signal_number, exit_code = exit_code - 128, None
     if timed_out:
         exit_code = None
     return ExecResult(

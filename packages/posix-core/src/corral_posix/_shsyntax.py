@@ -5,6 +5,18 @@ syntax (operators, expansions, globs, comments, tilde) and (2) the simple
 commands of a list of pipelines, so an allowlist can be checked against each
 program.  Constructs it does not understand are reported as findings and
 refused by the guard rather than guessed at.
+
+An allowlist is only as good as this lexer's agreement with ``sh`` about
+where commands start.  Wherever the shells a workspace may run (dash, bash
+in POSIX mode, busybox ash) read a construct differently from each other or
+from this lexer, it is reported as an ``unsupported`` finding, which the
+guard refuses while an allowlist is set: here-document delimiters other
+than a plain word (optionally quoted as a whole), here-documents whose end
+line is missing, body lines ending in a backslash, line continuations, a
+trailing backslash, ``$'...'``/``$"..."`` quoting and ``${...}`` holding
+quotes, escapes or nested expansions.  A differential test runs generated
+scripts through the real shells and fails if any of them runs a program
+the lexer did not report.
 """
 
 from __future__ import annotations
@@ -61,7 +73,19 @@ _DESCRIPTIONS: Final = {
     "[": "glob",
     "#": "comment",
     "~": "home directory expansion",
+    "<<": "here-document",
 }
+
+# A here-document delimiter every shell reads the same way: a plain word,
+# alone or quoted as a whole ('EOF' or "EOF"). Partial quoting, blanks,
+# backslashes and expansions are read differently by different shells.
+_DELIMITER: Final = re.compile(r"(?P<q>['\"]?)[A-Za-z0-9_.+@%:,=-]+(?P=q)")
+_IO_NUMBER: Final = re.compile(r"[0-9]")
+_DELIMITER_END: Final = frozenset(" \t\n") | frozenset("|&;<>()")
+# ${NAME}, ${NAME:-word} and friends, without anything that nests or quotes.
+# No blanks, quotes, escapes, operators or nested expansions: the lexer reads
+# the word exactly as sh does (a '<<' inside braces is not a here-document).
+_SIMPLE_BRACED: Final = re.compile(r"\$\{[A-Za-z0-9_#?@*!:=+%./,-]*\}")
 
 
 class ShellSyntaxError(ValueError):
@@ -70,15 +94,22 @@ class ShellSyntaxError(ValueError):
 
 @attrs.frozen
 class Finding:
-    """One use of shell syntax: the character(s) and what they mean."""
+    """One use of shell syntax: the character(s) and what they mean.
+
+    ``kind`` is ``"syntax"``, ``"glob"``, ``"substitution"`` or
+    ``"unsupported"`` (a construct the lexer cannot read exactly as every
+    ``sh`` does; ``note`` then says which, in words of our own, never the
+    command's text).
+    """
 
     text: str
-    kind: str  # "syntax", "glob" or "substitution"
+    kind: str
+    note: str = ""
 
     @property
     def description(self) -> str:
         """Human name of the construct, e.g. ``pipe``."""
-        return _DESCRIPTIONS.get(self.text, "shell syntax")
+        return self.note or _DESCRIPTIONS.get(self.text, "shell syntax")
 
 
 @attrs.frozen
@@ -140,9 +171,14 @@ def lex(command: str) -> Lexed:  # noqa: PLR0915 -- one state machine reads best
             heredocs.clear()
         elif c == "\\":
             if command[i + 1 : i + 2] == "\n":
+                # Shells join the lines before anything else; where that
+                # lands (an operator, a here-document line) differs.
                 findings.append(Finding("\n", "syntax"))
+                findings.append(Finding("\\", "unsupported", "a line continuation"))
                 i += 2
                 continue
+            if i + 1 == n:
+                findings.append(Finding("\\", "unsupported", "a backslash at the end"))
             start().append(command[i + 1 : i + 2] or "\\")
             flags["quoted"] = True
             i += 2
@@ -157,17 +193,22 @@ def lex(command: str) -> Lexed:  # noqa: PLR0915 -- one state machine reads best
             i = _double_quoted(command, i + 1, start(), findings, flags)
             flags["quoted"] = True
         elif c in _OPERATOR_CHARS:
-            io = buf is not None and c in "<>" and not flags["quoted"] and "".join(buf).isdigit()
+            # One ASCII digit: dash reads "10>x" as the word 10 and a redirection.
+            io = (
+                buf is not None
+                and c in "<>"
+                and not flags["quoted"]
+                and _IO_NUMBER.fullmatch("".join(buf)) is not None
+            )
             finish(io_number=io)
             op = next(o for o in _OPERATORS if command.startswith(o, i))
             words.append(Word(op, op=True))
             findings.append(Finding(c, "syntax"))
             i += len(op)
             if op in ("<<", "<<-"):
-                i = _heredoc_word(command, i, op == "<<-", heredocs)
+                i = _heredoc_word(command, i, op == "<<-", heredocs, findings)
         elif c == "$":
-            sub = command[i + 1 : i + 2] == "("
-            findings.append(Finding("$(" if sub else "$", "substitution" if sub else "syntax"))
+            _dollar(command, i, findings)
             start().append(c)
             flags["dynamic"] = True
             i += 1
@@ -195,7 +236,25 @@ def lex(command: str) -> Lexed:  # noqa: PLR0915 -- one state machine reads best
             start().append(command[i:end])
             i = end
     finish()
+    if heredocs:
+        findings.append(Finding("<<", "unsupported", "a here-document without its end line"))
     return Lexed(tuple(words), tuple(findings))
+
+
+def _dollar(command: str, i: int, findings: list[Finding]) -> None:
+    """Record the finding of the ``$`` at ``i`` (unquoted or in double quotes)."""
+    nxt = command[i + 1 : i + 2]
+    if nxt == "(":
+        findings.append(Finding("$(", "substitution"))
+        return
+    findings.append(Finding("$", "syntax"))
+    if nxt in ("'", '"'):
+        # bash reads $'..' (with \' inside) and $".."; dash reads a literal '$'.
+        findings.append(Finding("$", "unsupported", "$'...' or $\"...\" quoting"))
+    elif nxt == "{" and _SIMPLE_BRACED.match(command, i) is None:
+        findings.append(
+            Finding("$", "unsupported", "a ${...} expansion holding quotes, blanks or operators")
+        )
 
 
 def _double_quoted(
@@ -216,11 +275,11 @@ def _double_quoted(
                 buf.append(command[i + 1])
             i += 2
             continue
-        if c in {"$", "`"}:
-            sub = c == "`" or command[i + 1 : i + 2] == "("
-            findings.append(
-                Finding("$(" if c == "$" and sub else c, "substitution" if sub else "syntax")
-            )
+        if c == "`":
+            findings.append(Finding("`", "substitution"))
+            flags["dynamic"] = True
+        elif c == "$":
+            _dollar(command, i, findings)
             flags["dynamic"] = True
         buf.append(c)
         i += 1
@@ -228,35 +287,59 @@ def _double_quoted(
 
 
 def _heredoc_word(
-    command: str, i: int, strip_tabs: bool, heredocs: list[tuple[str, bool, bool]]
+    command: str,
+    i: int,
+    strip_tabs: bool,
+    heredocs: list[tuple[str, bool, bool]],
+    findings: list[Finding],
 ) -> int:
     n = len(command)
     while i < n and command[i] in " \t":
         i += 1
     start = i
-    while i < n and command[i] not in " \t\n" and command[i] not in _OPERATOR_CHARS:
+    while i < n and command[i] not in _DELIMITER_END:
         i += 1
     raw = command[start:i]
-    quoted = any(q in raw for q in "'\"\\")
-    heredocs.append((raw.replace("'", "").replace('"', "").replace("\\", ""), quoted, strip_tabs))
+    if _DELIMITER.fullmatch(raw) is None:
+        # Blanks inside quotes, partial quoting, escapes, expansions, an
+        # empty word or bash's '<<<': shells disagree, or we would misread
+        # where the body ends and skip checking commands after it.
+        findings.append(
+            Finding("<<", "unsupported", "a here-document delimiter that is not a plain word")
+        )
+    quoted = raw[:1] in ("'", '"')
+    heredocs.append((raw.strip("'\""), quoted, strip_tabs))
     return start  # the delimiter is lexed again as an ordinary word
 
 
 def _skip_heredocs(
     command: str, i: int, heredocs: list[tuple[str, bool, bool]], findings: list[Finding]
 ) -> int:
+    n = len(command)
     for delimiter, quoted, strip_tabs in heredocs:
-        while i < len(command):
+        while True:
+            if i >= n:
+                findings.append(
+                    Finding("<<", "unsupported", "a here-document without its end line")
+                )
+                return n
             end = command.find("\n", i)
-            end = len(command) if end < 0 else end
+            end = n if end < 0 else end
             line = command[i:end]
             i = end + 1
             if (line.lstrip("\t") if strip_tabs else line) == delimiter:
                 break
-            # An unquoted here-document still runs substitutions in its body.
-            if not quoted and ("$(" in line or "`" in line):
-                findings.append(Finding("$(" if "$(" in line else "`", "substitution"))
-    return min(i, len(command))
+            if not quoted:
+                # An unquoted body still runs substitutions, and a trailing
+                # backslash joins the next line (bash then matches the
+                # delimiter across the join; dash does not).
+                if "$(" in line or "`" in line:
+                    findings.append(Finding("$(" if "$(" in line else "`", "substitution"))
+                if line.endswith("\\"):
+                    findings.append(
+                        Finding("<<", "unsupported", "a here-document line ending in a backslash")
+                    )
+    return min(i, n)
 
 
 def split_simple_commands(words: tuple[Word, ...]) -> list[list[Word]]:

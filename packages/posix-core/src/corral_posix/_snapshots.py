@@ -108,6 +108,10 @@ class TmpdirSnapshotter:
             ``make_ref(workspace)``; ``branch`` returns it for the new one).
         fs: The workspace's filesystem module, reattached after a restore.
         compresslevel: gzip level; 1 favours speed, snapshots are frequent.
+        after_extract: Called (blocking, in a worker thread) with the root
+            and state directory of a workspace whose content a restore or
+            branch just wrote, before anything uses it: a snapshot may hold
+            what the isolation must never trust (see ``Isolation.after_extract``).
     """
 
     def __init__(
@@ -118,6 +122,7 @@ class TmpdirSnapshotter:
         *,
         fs: Reattachable | None = None,
         compresslevel: int = 1,
+        after_extract: Callable[[str, str], object] | None = None,
     ) -> None:
         if not 1 <= compresslevel <= 9:
             raise ValueError("compresslevel must be between 1 and 9")
@@ -125,6 +130,7 @@ class TmpdirSnapshotter:
         self._name = workspace
         self._make_ref = make_ref
         self._fs = fs
+        self._after_extract = after_extract
         self._level = compresslevel
         self._lock = anyio.Lock()
         self._closed = False
@@ -297,6 +303,8 @@ class TmpdirSnapshotter:
                 remove_tree(trash)
         if self._fs is not None:
             self._fs.reattach()
+        if self._after_extract is not None:
+            self._after_extract(live, self._layout.state_path(self._name))
 
     async def restore(self, snapshot_id: str) -> WorkspaceRef:
         """Replace the workspace's content with the snapshot's, exactly.
@@ -320,6 +328,10 @@ class TmpdirSnapshotter:
         new_name = self._layout.create_workspace(session_part)
         try:
             extract_tree(tar_path, self._layout.workspace_path(new_name))
+            if self._after_extract is not None:
+                self._after_extract(
+                    self._layout.workspace_path(new_name), self._layout.state_path(new_name)
+                )
         except BaseException:
             self._layout.remove_workspace(new_name)
             raise

@@ -28,11 +28,16 @@ from typing import IO, Final
 
 from corral import OperationError
 
-__all__ = ["MAX_SNAPSHOT_DEPTH", "extract_tree", "write_tree"]
+from ._fdtree import DirChain
+
+__all__ = ["MAX_SNAPSHOT_DEPTH", "MAX_SNAPSHOT_PATH", "extract_tree", "write_tree"]
 
 log = logging.getLogger("corral.posix.snapshots")
 
 MAX_SNAPSHOT_DEPTH: Final = 256
+MAX_SNAPSHOT_PATH: Final = 3072
+"""Longest relative path a snapshot stores: restore recreates paths under a
+staging directory by name, and the whole must stay under ``PATH_MAX``."""
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
@@ -77,56 +82,93 @@ def _info(arcname: str, st: os.stat_result, kind: bytes) -> tarfile.TarInfo:
     return info
 
 
-def _add_dir(
-    tar: tarfile.TarFile, dir_fd: int, prefix: str, depth: int, skipped: list[str]
-) -> None:
-    if depth > MAX_SNAPSHOT_DEPTH:
+def _too_deep() -> OperationError:
+    return OperationError(
+        f"the workspace is nested deeper than {MAX_SNAPSHOT_DEPTH} directories; "
+        "it cannot be snapshotted",
+        code="too_large",
+    )
+
+
+def _add_entry(
+    tar: tarfile.TarFile, chain: DirChain, name: str, arcname: str, skipped: list[str]
+) -> bool:
+    """Add one entry of the current directory; return whether it is a directory to enter."""
+    dir_fd = chain.fd
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False  # removed while we walked
+    if len(arcname.encode("utf-8", "surrogateescape")) > MAX_SNAPSHOT_PATH:
         raise OperationError(
-            f"the workspace is nested deeper than {MAX_SNAPSHOT_DEPTH} directories; "
+            f"the workspace holds a path longer than {MAX_SNAPSHOT_PATH} bytes; "
             "it cannot be snapshotted",
             code="too_large",
         )
-    with os.scandir(dir_fd) as it:
-        names = sorted(entry.name for entry in it)
-    for name in names:
-        arcname = f"{prefix}/{name}" if prefix else name
-        try:
-            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            continue  # removed while we walked
-        if stat.S_ISLNK(st.st_mode):
-            info = _info(arcname, st, tarfile.SYMTYPE)
-            info.linkname = os.readlink(name, dir_fd=dir_fd)
-            tar.addfile(info)
-        elif stat.S_ISDIR(st.st_mode):
+    if stat.S_ISLNK(st.st_mode):
+        info = _info(arcname, st, tarfile.SYMTYPE)
+        info.linkname = os.readlink(name, dir_fd=dir_fd)
+        tar.addfile(info)
+        return False
+    if stat.S_ISDIR(st.st_mode):
+        return True
+    if not stat.S_ISREG(st.st_mode):
+        skipped.append(arcname)
+        return False
+    try:
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        skipped.append(arcname)
+        return False
+    try:
+        fst = os.fstat(fd)
+        if not stat.S_ISREG(fst.st_mode):
+            skipped.append(arcname)
+            return False
+        info = _info(arcname, fst, tarfile.REGTYPE)
+        info.size = fst.st_size
+        tar.addfile(info, _ExactReader(fd, fst.st_size, arcname))
+    finally:
+        os.close(fd)
+    return False
+
+
+def _add_tree(tar: tarfile.TarFile, root_fd: int, skipped: list[str]) -> None:
+    """Add everything under ``root_fd``, parents before children, names sorted.
+
+    Iterative with one directory fd below the root at any depth (see
+    :class:`DirChain`); the depth cap is a limit on what restore can
+    recreate, not on this walk.
+    """
+    chain = DirChain(root_fd)
+    with os.scandir(root_fd) as it:
+        levels: list[tuple[str, list[str]]] = [("", sorted((e.name for e in it), reverse=True))]
+    try:
+        while levels:
+            prefix, names = levels[-1]
+            if not names:
+                levels.pop()
+                if levels:
+                    chain.ascend()
+                continue
+            name = names.pop()
+            arcname = f"{prefix}/{name}" if prefix else name
+            if not _add_entry(tar, chain, name, arcname, skipped):
+                continue
+            if len(levels) > MAX_SNAPSHOT_DEPTH:
+                raise _too_deep()
             try:
-                child = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+                outcome = chain.descend(name)
             except OSError:
+                outcome = "gone"
+            if outcome != "entered":
                 skipped.append(arcname)  # replaced by a symlink or removed mid-walk
                 continue
-            try:
-                tar.addfile(_info(arcname, os.fstat(child), tarfile.DIRTYPE))
-                _add_dir(tar, child, arcname, depth + 1, skipped)
-            finally:
-                os.close(child)
-        elif stat.S_ISREG(st.st_mode):
-            try:
-                fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
-            except OSError:
-                skipped.append(arcname)
-                continue
-            try:
-                fst = os.fstat(fd)
-                if not stat.S_ISREG(fst.st_mode):
-                    skipped.append(arcname)
-                    continue
-                info = _info(arcname, fst, tarfile.REGTYPE)
-                info.size = fst.st_size
-                tar.addfile(info, _ExactReader(fd, fst.st_size, arcname))
-            finally:
-                os.close(fd)
-        else:
-            skipped.append(arcname)
+            tar.addfile(_info(arcname, os.fstat(chain.fd), tarfile.DIRTYPE))
+            with os.scandir(chain.fd) as it:
+                levels.append((arcname, sorted((e.name for e in it), reverse=True)))
+    finally:
+        chain.close()
 
 
 def write_tree(root: str, out: IO[bytes], *, compresslevel: int = 1) -> list[str]:
@@ -134,7 +176,7 @@ def write_tree(root: str, out: IO[bytes], *, compresslevel: int = 1) -> list[str
 
     Raises:
         FileNotFoundError: ``root`` does not exist.
-        OperationError: The tree is too deep.
+        OperationError: The tree is too deep or holds too long a path.
     """
     skipped: list[str] = []
     root_fd = os.open(root, _DIR_FLAGS)
@@ -142,7 +184,7 @@ def write_tree(root: str, out: IO[bytes], *, compresslevel: int = 1) -> list[str
         with tarfile.open(
             fileobj=out, mode="w:gz", compresslevel=compresslevel, format=tarfile.PAX_FORMAT
         ) as tar:
-            _add_dir(tar, root_fd, "", 0, skipped)
+            _add_tree(tar, root_fd, skipped)
     finally:
         os.close(root_fd)
     if skipped:

@@ -12,10 +12,9 @@ is not entered again. Entries are visited in the order of their full paths
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import stat
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Sequence
 from typing import Final
 
 import attrs
@@ -34,6 +33,7 @@ from corral import (
     path_parts,
 )
 
+from ._fdtree import DirChain
 from ._fileops import READ_FLAGS, FsConfig, file_type, oserror, read_regular, where
 from ._resolve import open_beneath
 
@@ -103,10 +103,16 @@ def list_dir(root_fd: int, parts: Sequence[str], cfg: FsConfig) -> list[FileEntr
     return out
 
 
-def _walk(
-    dir_fd: int, prefix: str, depth: int, budget: _Budget, seen: set[tuple[int, int]]
-) -> Iterator[_Entry]:
-    """Yield the entries under ``dir_fd`` depth-first in full-path order."""
+@attrs.define
+class _Level:
+    """One directory of the walk's current path: its sorted listing and how far we are."""
+
+    prefix: str
+    raw: list[tuple[str, bool, bool]]
+    index: int = 0
+
+
+def _listing(dir_fd: int) -> list[tuple[str, bool, bool]] | None:
     try:
         with os.scandir(dir_fd) as it:
             raw = [
@@ -114,57 +120,67 @@ def _walk(
                 for e in it
             ]
     except OSError:
-        budget.skipped.append(prefix or ".")
-        return
+        return None
     raw.sort(key=lambda r: r[0] + "/" if r[1] else r[0])
-    for index, (name, is_dir, is_file) in enumerate(raw):
-        if budget.entries_left <= 0:
-            budget.exhausted = True
-            budget.skipped.append(prefix or ".")
-            return
-        budget.entries_left -= 1
-        rel = f"{prefix}/{name}" if prefix else name
-        yield _Entry(dir_fd, name, rel, is_dir, is_file)
-        if not is_dir:
-            continue
-        if depth + 1 >= budget.max_depth:
-            budget.depth_cut.append(rel)
-            continue
-        yield from _descend(dir_fd, name, rel, depth + 1, budget=budget, seen=seen)
-        if budget.exhausted:
-            if index + 1 < len(raw):
-                budget.skipped.append(prefix or ".")
-            return
-
-
-def _descend(
-    parent: int, name: str, rel: str, depth: int, *, budget: _Budget, seen: set[tuple[int, int]]
-) -> Iterator[_Entry]:
-    try:
-        fd = os.open(name, _SUBDIR_FLAGS, dir_fd=parent)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
-            budget.skipped.append(rel)
-        return  # gone, or swapped for a symlink or file since the listing
-    try:
-        st = os.fstat(fd)
-        key = (st.st_dev, st.st_ino)
-        if key in seen:
-            budget.skipped.append(rel)
-            return
-        seen.add(key)
-        try:
-            yield from _walk(fd, rel, depth, budget, seen)
-        finally:
-            seen.discard(key)
-    finally:
-        os.close(fd)
+    return raw
 
 
 def _tree(fd: int, budget: _Budget) -> Generator[_Entry, None, None]:
-    st = os.fstat(fd)
-    if budget.max_depth > 0:
-        yield from _walk(fd, "", 0, budget, {(st.st_dev, st.st_ino)})
+    """Yield the entries under ``fd`` depth-first in full-path order.
+
+    Iterative, with one directory fd open below ``fd`` whatever the depth
+    (see :class:`DirChain`): an entry's ``dir_fd`` is valid until the next
+    entry is requested.
+    """
+    if budget.max_depth <= 0:
+        return
+    raw = _listing(fd)
+    if raw is None:
+        budget.skipped.append(".")
+        return
+    chain = DirChain(fd)
+    levels = [_Level("", raw)]
+    try:
+        while levels:
+            level = levels[-1]
+            if level.index >= len(level.raw):
+                levels.pop()
+                if levels:
+                    chain.ascend()
+                continue
+            if budget.entries_left <= 0:
+                budget.exhausted = True
+                budget.skipped.append(level.prefix or ".")
+                budget.skipped.extend(
+                    up.prefix or "." for up in reversed(levels[:-1]) if up.index < len(up.raw)
+                )
+                return
+            name, is_dir, is_file = level.raw[level.index]
+            level.index += 1
+            budget.entries_left -= 1
+            rel = f"{level.prefix}/{name}" if level.prefix else name
+            yield _Entry(chain.fd, name, rel, is_dir, is_file)
+            if not is_dir:
+                continue
+            if len(levels) >= budget.max_depth:
+                budget.depth_cut.append(rel)
+                continue
+            try:
+                outcome = chain.descend(name)
+            except OSError:
+                budget.skipped.append(rel)
+                continue
+            if outcome == "loop":
+                budget.skipped.append(rel)
+            if outcome != "entered":
+                continue  # gone, or swapped for a symlink or file since the listing
+            sub = _listing(chain.fd)
+            if sub is None:
+                budget.skipped.append(rel)
+                sub = []
+            levels.append(_Level(rel, sub))
+    finally:
+        chain.close()
 
 
 def glob_paths(root_fd: int, parts: Sequence[str], pattern: str, cfg: FsConfig) -> list[str]:

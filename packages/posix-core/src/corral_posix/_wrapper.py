@@ -45,12 +45,18 @@ class WrappedCommand:
             ``bwrap --seccomp FD`` program).
         cwd: Host working directory for the launcher; ``None`` means
             ``ctx.cwd``.
+        signal_as_status: The launcher reports the command's death by
+            signal ``n`` as exit status ``128 + n`` (bubblewrap's monitor
+            does, as ``docker exec`` does), so statuses 129-159 are decoded
+            back into ``ExecResult.signal``; an explicit ``exit 137`` is then
+            indistinguishable from SIGKILL, which is the boundary's limit.
     """
 
     argv: tuple[str, ...]
     env: Mapping[str, str]
     pass_fds: tuple[int, ...] = ()
     cwd: str | None = None
+    signal_as_status: bool = False
 
 
 @runtime_checkable
