@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from corral_local_sandbox import (
     SandboxPolicy,
     build_bwrap_args,
 )
-from corral_local_sandbox._bwrap import sandbox_env
+from corral_local_sandbox._bwrap import EXEC_SHIM, LAUNCHER, sandbox_env
 from corral_posix._wrapper import WrapContext
 
 FEATURES = BwrapFeatures(disable_userns=True, tmpfs_size=True)
@@ -95,24 +96,16 @@ def test_cwd_maps_into_the_sandbox_and_must_stay_inside(tmp_path: Path) -> None:
     assert info.value.code == "invalid_path"
 
 
-def test_only_trusted_paths_are_bound_and_their_parents_pinned(tmp_path: Path) -> None:
-    args = build_bwrap_args(
-        host_root=str(tmp_path),
-        host_cwd=str(tmp_path),
-        policy=SandboxPolicy(),
-        features=FEATURES,
-        seccomp=True,
-        protected=[".git/config", ".git/hooks", ".bashrc"],
-    )
-    assert os.listdir(tmp_path) == []  # nothing is created on the host
-    binds = _pairs(args, "--bind")
-    ro = _pairs(args, "--ro-bind")
-    assert (str(tmp_path / ".git"), "/workspace/.git") in binds  # pinned: no mv .git
-    for rel in (".git/hooks", ".git/config", ".bashrc"):
-        assert (str(tmp_path / rel), f"/workspace/{rel}") in ro
-    order = [args.index(str(tmp_path / p)) for p in (".git", ".git/hooks")]
-    assert order == sorted(order)
-    assert args.index(str(tmp_path)) < order[0]  # the workspace is bound first
+def test_nothing_inside_the_workspace_is_bound(tmp_path: Path) -> None:
+    # Existing protected paths used to be bound read-only, their parents pinned;
+    # bwrap resolved those host paths long after the check, and a swapped
+    # symlink bound a host directory into the sandbox (issue 11). They are now
+    # verified around each command instead, and never bound.
+    (tmp_path / ".git" / "hooks").mkdir(parents=True)
+    (tmp_path / ".git" / "config").write_text("[core]\n")
+    (tmp_path / ".bashrc").write_text("")
+    args = _args(tmp_path, policy=SandboxPolicy())
+    assert [a for a in args if a.startswith(str(tmp_path))] == [str(tmp_path)]
 
 
 def test_no_protected_mounts_by_default(tmp_path: Path) -> None:
@@ -166,3 +159,37 @@ def test_direct_launch_without_seccomp_or_cgroup(tmp_path: Path) -> None:
     assert launch.argv[0] == "/usr/bin/bwrap"  # no shell launcher, no prlimit exec
     assert launch.argv[-2:] == ("--", "true")
     assert "--seccomp" not in launch.argv
+
+
+def test_launcher_joins_every_cgroup_before_bwrap(tmp_path: Path) -> None:
+    procs = [tmp_path / "pids.procs", tmp_path / "memory.procs"]
+    for p in procs:
+        p.write_text("")
+    argv = ["/bin/sh", "-c", LAUNCHER, "corral-sandbox", "", "2", *map(str, procs)]
+    done = subprocess.run(
+        [*argv, "/bin/sh", "-c", "echo $$"], capture_output=True, text=True, check=False
+    )
+    pid = done.stdout.strip()
+    assert pid
+    assert all(p.read_text().strip() == pid for p in procs)
+    missing = subprocess.run([*argv[:-1], str(tmp_path / "no" / "such"), "true"], check=False)
+    assert missing.returncode == 125  # a cgroup it cannot join: nothing runs
+
+
+def test_exec_shim_only_where_bwrap_could_not_report_127_or_126(tmp_path: Path) -> None:
+    wrapper = BwrapWrapper(
+        bwrap="/usr/bin/bwrap",
+        policy=SandboxPolicy(limits=ResourceLimits(processes=None)),
+        features=FEATURES,
+        cgroup_procs=("/sys/fs/cgroup/pids/x/cgroup.procs",),
+    )
+    ctx = WrapContext(str(tmp_path), str(tmp_path), {"PATH": "/usr/bin:/bin"})
+
+    def inner(argv: list[str]) -> tuple[str, ...]:
+        launch = wrapper.wrap(argv, ctx).argv
+        return launch[launch.index("--") + 1 :]
+
+    assert inner(["sh", "-c", "x"]) == ("sh", "-c", "x")
+    assert inner(["python3", "-V"]) == ("python3", "-V")
+    for argv in (["no-such-program-xyz"], ["./script"], ["/workspace/x"]):
+        assert inner(argv) == (*EXEC_SHIM, *argv)

@@ -212,7 +212,9 @@ async def test_memory_hog_is_capped(open_ws: Any, sh: Callable[..., Any]) -> Non
     async with open_ws(limits={"memory_bytes": 512 * 1024**2}) as ws:
         result = await sh(ws, f"{PY} -c 'x = bytearray(2 * 1024**3); print(len(x))'")
         assert result.exit_code != 0
-        assert "MemoryError" in result.stderr
+        assert result.stdout == ""
+        # The workspace's memory cgroup OOM-kills it (RLIMIT_AS would raise MemoryError).
+        assert result.exit_code == 137 or "MemoryError" in result.stderr
 
 
 async def test_file_size_and_tmpfs_are_capped(open_ws: Any, sh: Callable[..., Any]) -> None:
@@ -226,30 +228,30 @@ async def test_file_size_and_tmpfs_are_capped(open_ws: Any, sh: Callable[..., An
         assert "No space left" in tmp.stderr
 
 
-async def test_existing_protected_paths_are_read_only(open_ws: Any, sh: Callable[..., Any]) -> None:
+async def test_protected_paths_placed_from_the_host_are_judged_before_a_command(
+    open_ws: Any, sh: Callable[..., Any]
+) -> None:
+    # Until issue 11 these were bound read-only into the sandbox; the bind was
+    # raced (bwrap resolved a swapped symlink on the host), so nothing is bound
+    # any more: what stands at a protected path is judged by content before
+    # every command, whoever put it there.
     async with open_ws() as ws:
         root = Path(ws.details()["root"])
         (root / ".git" / "hooks").mkdir(parents=True)
-        (root / ".git" / "config").write_text("[core]\n")
+        (root / ".git" / "hooks" / "pre-commit").write_text("#!/bin/sh\n")
+        (root / ".git" / "config").write_text("[core]\n\tbare = false\n")
         (root / ".bashrc").write_text("# mine\n")
-        attempts = [
-            "echo evil > .git/hooks/pre-commit",
-            "echo '[core] fsmonitor = evil' >> .git/config",
-            "echo evil >> .bashrc",
-            "rm -rf .git/hooks",
-            "mv .git .git-old && mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit",
-            "mv .bashrc x",
-        ]
-        for attempt in attempts:
-            result = await sh(ws, attempt)
-            assert result.exit_code != 0, attempt
-        assert not (root / ".git" / "hooks" / "pre-commit").exists()
-        assert (root / ".git" / "config").read_text() == "[core]\n"
-        assert (root / ".bashrc").read_text() == "# mine\n"
-        assert not (root / ".git-old").exists()
-        assert (
-            await sh(ws, "cat .git/config && echo ok > .git/HEAD && ls .git/hooks")
-        ).exit_code == 0
+        result = await sh(ws, "cat .git/config; ls -a .git")
+        assert result.exit_code == 0, result.stderr
+        assert "bare = false" in result.stdout  # a harmless config is kept
+        assert "hooks" not in result.stdout
+        for rel in (".git/hooks", ".bashrc"):
+            assert f"corral-sandbox: {rel} was created or changed" in result.stderr
+            assert not os.path.lexists(root / rel)
+        (root / ".git" / "config").write_text("[core]\n\tfsmonitor = evil\n")
+        result = await sh(ws, "cat .git/config")
+        assert "fsmonitor" not in result.stdout
+        assert not os.path.lexists(root / ".git" / "config")
 
 
 HOOK_ATTACK = (
@@ -307,15 +309,22 @@ async def test_git_works_inside_the_sandbox(open_ws: Any, sh: Callable[..., Any]
         assert after.stdout == "first\n", after.stderr
 
 
-async def test_symlinked_protected_path_is_refused(open_ws: Any, sh: Callable[..., Any]) -> None:
-    import corral
-
+async def test_symlinked_protected_path_is_moved_not_followed(
+    open_ws: Any, sh: Callable[..., Any], tmp_path: Path
+) -> None:
+    # It used to refuse commands (bwrap would have followed it into a bind);
+    # now the symlink itself is moved out before the command, its target untouched.
+    canary = tmp_path / "canary"
+    canary.mkdir()
+    (canary / "secret").write_text("host\n")
     async with open_ws() as ws:
         root = Path(ws.details()["root"])
-        (root / ".vscode").symlink_to(os.path.expanduser("~"))
-        with pytest.raises(corral.OperationError) as info:
-            await sh(ws, "ls .vscode")
-        assert info.value.code == "policy_denied"
+        (root / ".vscode").symlink_to(canary)
+        result = await sh(ws, "ls .vscode")
+        assert result.exit_code != 0
+        assert "corral-sandbox: .vscode was created or changed" in result.stderr
+        assert not os.path.lexists(root / ".vscode")
+        assert (canary / "secret").read_text() == "host\n"
 
 
 async def test_details_and_seccomp_loaded(open_ws: Any) -> None:

@@ -1,9 +1,12 @@
-"""The protected-path guard on a real filesystem: baselines, quarantine, crash recovery."""
+"""The protected-path guard on a real filesystem: content checks, quarantine, races, removal."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import corral
-from corral_local_sandbox import DEFAULT_PROTECTED_PATHS
+from corral_local_sandbox import DEFAULT_PROTECTED_PATHS, _protect
 from corral_local_sandbox._gitconfig import git_config_is_safe
 from corral_local_sandbox._protect import PathGuard
+from corral_posix import remove_tree_at
 
 HAS_GIT = shutil.which("git") is not None
 GIT_INIT_CONFIG = (
@@ -23,30 +26,31 @@ GIT_INIT_CONFIG = (
 )
 
 
-def _guard(tmp: Path) -> tuple[PathGuard, Path, Path]:
+def _guard(
+    tmp: Path, validator: Callable[[bytes, str], bool] = git_config_is_safe
+) -> tuple[PathGuard, Path, Path]:
     root, state = tmp / "ws", tmp / "state"
     root.mkdir(exist_ok=True)
     state.mkdir(exist_ok=True)
     guard = PathGuard(
-        str(root),
-        str(state),
-        DEFAULT_PROTECTED_PATHS,
-        validators={".git/config": git_config_is_safe},
+        str(root), str(state), DEFAULT_PROTECTED_PATHS, validators={".git/config": validator}
     )
-    assert guard.start() == []
     return guard, root, state
 
 
 def _command(guard: PathGuard, action: Callable[[], object]) -> list[str]:
     """Bracket ``action`` (standing in for a sandboxed command) like GuardedShell does."""
-    guard.begin()
+    before = guard.check()
+    assert before.clean
     action()
-    return guard.end(guard.changed())
+    after = guard.check()
+    assert after.clean
+    return list(before.notes + after.notes)
 
 
 def _quarantined(state: Path) -> list[str]:
     qdir = state / "protect" / "quarantine"
-    return sorted(p.name.split("-", 2)[2] for p in qdir.iterdir()) if qdir.exists() else []
+    return sorted(p.name.split("-", 3)[3] for p in qdir.iterdir()) if qdir.exists() else []
 
 
 def _plant_hook(root: Path) -> None:
@@ -59,21 +63,9 @@ def _plant_hook(root: Path) -> None:
 
 def test_absent_paths_leave_no_placeholders(tmp_path: Path) -> None:
     guard, root, _ = _guard(tmp_path)
-    guard.begin()
-    assert guard.trusted() == []
-    assert guard.end(guard.changed()) == []
+    assert _command(guard, lambda: None) == []
     assert os.listdir(root) == []
-
-
-def test_existing_paths_are_trusted(tmp_path: Path) -> None:
-    root = tmp_path / "ws"
-    (root / ".git" / "hooks").mkdir(parents=True)
-    (root / ".git" / "config").write_text("[core]\n\tfsmonitor = host-tool\n")
-    (root / ".bashrc").write_text("alias ll='ls -l'\n")
-    guard, _, _ = _guard(tmp_path)
-    guard.begin()
-    assert guard.trusted() == [".bashrc", ".git/config", ".git/hooks"]
-    guard.end([])
+    assert guard.try_check_fast() == _protect.CheckResult()
 
 
 def test_planted_files_are_quarantined(tmp_path: Path) -> None:
@@ -95,6 +87,17 @@ def test_planted_files_are_quarantined(tmp_path: Path) -> None:
     assert os.path.isdir(os.path.expanduser("~"))  # the symlink moved, not its target
 
 
+def test_what_the_host_placed_is_judged_like_anything_else(tmp_path: Path) -> None:
+    # There is no "trusted because it was there between commands" any more:
+    # nothing legitimate writes protected paths but corral, whose file tools refuse them.
+    guard, root, state = _guard(tmp_path)
+    (root / ".git" / "hooks").mkdir(parents=True)
+    (root / ".bashrc").write_text("alias ll='ls -l'\n")
+    assert len(guard.check().notes) == 2
+    assert _quarantined(state) == [".bashrc", ".git_hooks"]
+    assert guard.check().notes == ()
+
+
 def test_redirecting_git_file_and_commondir_are_quarantined(tmp_path: Path) -> None:
     guard, root, state = _guard(tmp_path)
     notes = _command(guard, lambda: (root / ".git").write_text("gitdir: evil\n"))
@@ -106,13 +109,30 @@ def test_redirecting_git_file_and_commondir_are_quarantined(tmp_path: Path) -> N
     assert _quarantined(state) == [".git", ".git_commondir"]
 
 
-def test_read_only_planted_directory_is_still_removed(tmp_path: Path) -> None:
+def test_a_symlinked_ancestor_is_moved_never_followed(tmp_path: Path) -> None:
+    """Issue 11 item 2: ``.git`` -> a host directory holding a file named ``config``."""
+    host = tmp_path / "host"
+    (host / "hooks").mkdir(parents=True)
+    (host / "config").write_text("host's own\n")
+    guard, root, state = _guard(tmp_path)
+    (root / ".git").symlink_to(os.path.relpath(host, root))
+    assert guard.check().notes
+    assert not os.path.lexists(root / ".git")
+    assert _quarantined(state) == [".git"]
+    assert (host / "config").read_text() == "host's own\n"
+    assert (host / "hooks").is_dir()
+
+
+@pytest.mark.parametrize("mode", [0o500, 0o000])
+def test_read_only_or_unsearchable_planted_directory_is_still_removed(
+    tmp_path: Path, mode: int
+) -> None:
     guard, root, _ = _guard(tmp_path)
 
     def attack() -> None:
         _plant_hook(root)
-        (root / ".git" / "hooks").chmod(0o500)
-        (root / ".git").chmod(0o500)
+        (root / ".git" / "hooks").chmod(mode)
+        (root / ".git").chmod(mode)
 
     try:
         assert _command(guard, attack)
@@ -127,14 +147,23 @@ def test_rename_away_and_back_is_caught(tmp_path: Path) -> None:
 
     def attack() -> None:
         os.rename(root / ".git", root / "elsewhere")
-        _plant_hook(root / "elsewhere" / "..")
-        shutil.rmtree(root / ".git")
         (root / "elsewhere" / "hooks").mkdir()
         (root / "elsewhere" / "hooks" / "pre-commit").write_text("#!/bin/sh\n")
         os.rename(root / "elsewhere", root / ".git")
 
     assert _command(guard, attack)
     assert os.listdir(root / ".git") == []
+
+
+def test_a_plant_is_caught_by_another_guard_of_the_same_workspace(tmp_path: Path) -> None:
+    """Issue 11 item 4: no per-process bookkeeping -- another process's guard judges it."""
+    guard, root, state = _guard(tmp_path)
+    assert guard.check().clean
+    _plant_hook(root)  # ...during a command whose process then dies before its check
+    other = PathGuard(str(root), str(state), DEFAULT_PROTECTED_PATHS)
+    assert other.try_check_fast() is None  # it has work to do: never trusted on the fast path
+    assert other.check().notes
+    assert not (root / ".git" / "hooks").exists()
 
 
 @pytest.mark.skipif(not HAS_GIT, reason="git is not installed")
@@ -147,45 +176,112 @@ def test_git_config_from_the_sandbox_is_kept_when_harmless(tmp_path: Path) -> No
         config.write_bytes(GIT_INIT_CONFIG + b"[user]\n\temail = a@b.c\n")
 
     assert _command(guard, git_init) == []
-    guard.begin()
-    assert guard.trusted() == []  # kept, but stays writable for git config
-    guard.end([])
+    assert config.exists()
     notes = _command(guard, lambda: config.write_bytes(GIT_INIT_CONFIG + b"\thooksPath = x\n"))
     assert notes
     assert not config.exists()
     assert _quarantined(state) == [".git_config"]
 
 
-def test_host_changes_between_commands_become_trusted(tmp_path: Path) -> None:
-    guard, root, _ = _guard(tmp_path)
-    assert _command(guard, lambda: None) == []
-    (root / ".bashrc").write_text("# the user's own\n")
-    guard.begin()
-    assert guard.trusted() == [".bashrc"]
-    assert guard.end(guard.changed()) == []
-    assert (root / ".bashrc").exists()
+def test_acceptance_is_cached_by_identity_and_content(tmp_path: Path) -> None:
+    calls: list[bytes] = []
+
+    def validator(data: bytes, _scratch: str) -> bool:
+        calls.append(data)
+        return b"evil" not in data
+
+    guard, root, state = _guard(tmp_path, validator)
+    config = root / ".git" / "config"
+    (root / ".git").mkdir()
+    config.write_bytes(b"[core]\n\tbare = false\n")
+    assert guard.check().notes == ()
+    assert guard.check().notes == ()
+    assert guard.try_check_fast() == _protect.CheckResult()  # a hit needs no thread
+    other = PathGuard(str(root), str(state), DEFAULT_PROTECTED_PATHS, {".git/config": validator})
+    assert other.check().notes == ()
+    assert len(calls) == 1  # validated once, for both guards (the cache is on disk)
+    # Same size, same mtime: only the content hash can tell.
+    st = config.stat()
+    with config.open("r+b") as fh:
+        fh.write(b"[evil]")
+    os.utime(config, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert guard.check().notes
+    assert not config.exists()
+    assert len(calls) == 2
 
 
-def test_a_crash_mid_command_is_caught_at_the_next_start(tmp_path: Path) -> None:
+def test_checks_are_serialised_by_a_lock_in_the_state_dir(tmp_path: Path) -> None:
     guard, root, state = _guard(tmp_path)
-    guard.begin()
-    _plant_hook(root)  # ...and the agent process dies before the check
-    again = PathGuard(str(root), str(state), DEFAULT_PROTECTED_PATHS)
-    notes = again.start()
-    assert notes
+    assert guard.check().clean
+    _plant_hook(root)
+    fd = os.open(state / "protect" / "lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as another process's check would
+        assert guard.try_check_fast() is None
+        done = threading.Event()
+        worker = threading.Thread(target=lambda: (guard.check(), done.set()))
+        worker.start()
+        assert not done.wait(0.2)  # a bounded wait: only asserts it has not run yet
+        assert (root / ".git" / "hooks").exists()
+    finally:
+        os.close(fd)
+    worker.join()
     assert not (root / ".git" / "hooks").exists()
-    assert not (state / "protect" / "inflight").exists()
 
 
-def test_a_host_symlink_at_a_protected_path_refuses_commands(tmp_path: Path) -> None:
-    root = tmp_path / "ws"
-    root.mkdir()
-    (root / ".vscode").symlink_to(tmp_path)
-    guard, _, _ = _guard(tmp_path)
-    with pytest.raises(corral.OperationError) as info:
-        guard.begin()
-    assert info.value.code == "policy_denied"
-    assert str(tmp_path) not in info.value.message
+def test_an_unmovable_plant_is_removed_instead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    guard, root, _ = _guard(tmp_path)
+    _plant_hook(root)
+    (root / ".git" / "hooks" / "deep").mkdir()
+    (root / ".git" / "hooks" / "deep" / "link").symlink_to(tmp_path)
+
+    def no_rename(*_a: object, **_k: object) -> None:
+        raise OSError(errno.EXDEV, "cross-device")
+
+    monkeypatch.setattr(_protect.os, "rename", no_rename)
+    result = guard.check()
+    assert result.clean
+    assert result.notes
+    assert os.listdir(root / ".git") == []
+    assert tmp_path.is_dir()
+
+
+def test_an_unremovable_plant_leaves_the_workspace_unclean(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    guard, root, _ = _guard(tmp_path)
+    (root / ".bashrc").write_text("evil\n")
+
+    def fail(*_a: object, **_k: object) -> None:
+        raise OSError(errno.EPERM, "nope")
+
+    monkeypatch.setattr(_protect.os, "rename", fail)
+    monkeypatch.setattr(_protect.os, "unlink", fail)
+    assert not guard.check().clean
+
+
+def test_tree_removal_is_iterative_and_needs_few_fds(tmp_path: Path) -> None:
+    top = tmp_path / "top"
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(10_000):  # far beyond the recursion limit and RLIMIT_NOFILE
+            os.mkdir("d", dir_fd=fd)
+            os.close(os.open("f", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+            nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        os.chmod(fd, 0o500)  # the deepest one read-only, too
+    finally:
+        os.close(fd)
+    parent = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        remove_tree_at(parent, "top")
+    finally:
+        os.close(parent)
+    assert not top.exists()
 
 
 _TARGETS = [p.path for p in DEFAULT_PROTECTED_PATHS] + [".git", ".git/hooks/pre-commit"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +13,19 @@ import pytest
 import corral
 import corral_local_sandbox
 from corral_local_sandbox import LocalSandboxProvider, ResourceLimits
+from corral_local_sandbox._cgroup import base_tag
 
 
-def _cgroups() -> set[str]:
-    return set(
-        glob.glob("/sys/fs/cgroup/*/corral-sandbox-*")
-        + glob.glob("/sys/fs/cgroup/corral-sandbox-*")
-    )
+def _cgroups(base_dir: str) -> set[str]:
+    pattern = f"corral-sandbox-{base_tag(base_dir)}-*"
+    return set(glob.glob(f"/sys/fs/cgroup/*/{pattern}") + glob.glob(f"/sys/fs/cgroup/{pattern}"))
+
+
+def _wrapper(shell: Any) -> Any:
+    """The sandbox wrapper under the shell decorators (quota, protected paths)."""
+    while not hasattr(shell, "wrapper"):
+        shell = shell._inner
+    return shell.wrapper
 
 
 def test_public_surface() -> None:
@@ -85,13 +92,15 @@ async def test_fs_only_workspace_needs_no_sandbox(tmp_path: Path) -> None:
 @pytest.mark.bwrap
 @pytest.mark.anyio
 async def test_resolve_open_and_close_release_everything(tmp_path: Path) -> None:
-    before = _cgroups()
     provider = LocalSandboxProvider(tmpdir_root=str(tmp_path))
     opened = await provider.open(corral.ProviderConfig("local-sandbox"), corral.SessionRef("s"))
     ws: Any = opened.workspace
     assert (await ws.shell.run(corral.CommandRequest("touch made-by-shell"))).exit_code == 0
-    scratch = Path(ws.shell._inner.wrapper.seccomp_file).parent
+    scratch = Path(_wrapper(ws.shell).seccomp_file).parent
     assert (scratch / "filter.bpf").is_file()
+    # Kept beside the workspace's state, never in the shared temp dir.
+    assert scratch.parent == Path(provider.layout.state_path(opened.ref.payload["workspace"]))
+    owned = _cgroups(provider.layout.base_dir)
     ref = corral.ref_from_json(corral.ref_to_json(opened.ref))
     again: Any = await LocalSandboxProvider(tmpdir_root=str(tmp_path)).resolve(ref)
     try:
@@ -99,10 +108,12 @@ async def test_resolve_open_and_close_release_everything(tmp_path: Path) -> None
         assert again.details()["backend"] == "bubblewrap"
         result = await again.shell.run(corral.CommandRequest("ls made-by-shell"))
         assert result.stdout == "made-by-shell\n"
+        assert _wrapper(again.shell).cgroup_procs == _wrapper(ws.shell).cgroup_procs
+        assert _cgroups(provider.layout.base_dir) == owned  # reused, not duplicated
     finally:
         await again.close()
         await ws.close()
-    assert _cgroups() == before
+    assert _cgroups(provider.layout.base_dir) == set()
     assert not scratch.exists()
 
 
@@ -121,7 +132,7 @@ async def test_concurrent_opens_get_their_own_sandbox(tmp_path: Path) -> None:
         for i in range(3):
             tg.start_soon(one, i)
     try:
-        wrappers = {id(o.workspace.shell._inner.wrapper) for o in opened}
+        wrappers = {_wrapper(o.workspace.shell).cgroup_procs for o in opened}
         assert len(wrappers) == 3
         for o in opened:
             await o.workspace.shell.run(
@@ -166,3 +177,44 @@ async def test_file_tools_cannot_plant_protected_files(tmp_path: Path) -> None:
         assert [e.name for e in await fs.ls("/")] == [".git"]
     finally:
         await opened.workspace.close()
+
+
+@pytest.mark.bwrap
+@pytest.mark.anyio
+async def test_memory_limit_without_a_cgroup_fails_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from corral_local_sandbox import _cgroup
+
+    monkeypatch.setattr(_cgroup, "find_placements", lambda wanted: ([], sorted(wanted)))
+    provider = LocalSandboxProvider(tmpdir_root=str(tmp_path))
+    with pytest.raises(corral.WorkspaceFailedError) as info:
+        await provider.open(corral.ProviderConfig("local-sandbox"), corral.SessionRef("s"))
+    assert "memory" in info.value.message
+    assert "'memory_bytes': None" in info.value.message
+    lifted = LocalSandboxProvider(
+        tmpdir_root=str(tmp_path), limits={"memory_bytes": None, "processes": None}
+    )
+    opened = await lifted.open(corral.ProviderConfig("local-sandbox"), corral.SessionRef("s"))
+    try:
+        assert opened.workspace.details()["memory_limit"] is None  # type: ignore[attr-defined]
+    finally:
+        await opened.workspace.close()
+
+
+@pytest.mark.bwrap
+@pytest.mark.anyio
+async def test_root_without_seccomp_fails_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from corral_local_sandbox import _detect
+
+    if os.geteuid() != 0:
+        pytest.skip("the rule is for a sandbox that maps to host root")
+    monkeypatch.setattr(_detect, "native_arch", lambda: None)
+    provider = LocalSandboxProvider(tmpdir_root=str(tmp_path))
+    with pytest.raises(corral.WorkspaceFailedError) as info:
+        await provider.open(corral.ProviderConfig("local-sandbox"), corral.SessionRef("s"))
+    assert "seccomp" in info.value.message
+    assert "set-id" in info.value.message
+    assert _cgroups(provider.layout.base_dir) == set()

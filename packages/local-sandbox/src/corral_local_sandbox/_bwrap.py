@@ -2,16 +2,25 @@
 
 Launch shape (one fresh sandbox per command)::
 
-    /bin/sh -c LAUNCHER corral-sandbox SECCOMP_FILE CGROUP_PROCS \\
-        bwrap <flags> -- [prlimit --nproc=N:N --] <guarded argv>
+    /bin/sh -c LAUNCHER corral-sandbox SECCOMP_FILE N PROCS_1 .. PROCS_N \\
+        bwrap <flags> -- [prlimit --nproc=N:N --] [/bin/sh -c 'exec "$@"' sh] <guarded argv>
 
 The tiny POSIX-sh launcher exists so that nothing needs to outlive the
 spawn in the parent: it opens the seccomp program as fd 9 for bwrap
-(``--seccomp 9``) and, when a pids cgroup is in use, moves itself into it,
-then ``exec``\\ s bwrap; with neither, bwrap is executed directly. The
-other rlimits are set by the shell's process supervisor on the launcher and
+(``--seccomp 9``) and, when the workspace has a cgroup, writes its own pid
+into the ``cgroup.procs`` of every hierarchy (pids, memory) so bwrap and
+everything below it are bounded from the first instruction, then
+``exec``\\ s bwrap; with neither, bwrap is executed directly. The other
+rlimits are set by the shell's process supervisor on the launcher and
 inherited through bwrap; only ``RLIMIT_NPROC`` must be set *inside* the user
 namespace (``prlimit``), and only when no pids cgroup enforces it.
+
+bwrap reports a failed ``execvp`` as exit status 1; every other provider
+gives 127 (not found) and 126 (not executable). When the program is not a
+bare name found executable in the read-only system directories (which the
+sandbox sees exactly as the host does), it is started through
+``sh -c 'exec "$@"'``, whose ``exec`` gives those statuses. The common case
+(``sh -c CMD``, ``python3``...) pays nothing.
 
 No secret is on any command line; bwrap is
 launched with the command's own guarded environment (no ``--setenv``), so
@@ -21,6 +30,7 @@ launched with the command's own guarded environment (no ``--setenv``), so
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from typing import Final
 
@@ -30,10 +40,10 @@ from corral import OperationError
 from corral_posix._wrapper import WrapContext, WrappedCommand
 
 from ._policy import SANDBOX_HOME, SANDBOX_ROOT, SandboxPolicy
-from ._protect import PathGuard, bind_args
 
 __all__ = [
     "ETC_SECRETS",
+    "EXEC_SHIM",
     "LAUNCHER",
     "SECCOMP_FD",
     "SYSTEM_PATHS",
@@ -68,11 +78,15 @@ ETC_SECRETS: Final = (
 """Host files hidden inside the read-only ``/etc``: the sandbox user maps to the
 caller's uid, so anything the caller can read would otherwise be readable."""
 
-# $1 = seccomp program file ("" = none), $2 = cgroup.procs file ("" = none).
+# $1 = seccomp program file ("" = none), $2 = how many cgroup.procs files follow.
 LAUNCHER: Final = (
-    'unset PWD OLDPWD; f=$1 cg=$2; shift 2; if [ -n "$cg" ]; then echo $$ >"$cg" || exit 125; fi; '
+    'unset PWD OLDPWD; f=$1 n=$2; shift 2; while [ "$n" -gt 0 ]; do '
+    'echo $$ >"$1" || exit 125; shift; n=$((n - 1)); done; '
     f'if [ -n "$f" ]; then exec "$@" {SECCOMP_FD}<"$f"; fi; exec "$@"'
 )
+
+EXEC_SHIM: Final = ("/bin/sh", "-c", 'exec "$@"', "sh")
+"""Runs a program so that a failed exec exits 127 (not found) or 126 (not executable)."""
 
 
 @attrs.frozen
@@ -135,7 +149,6 @@ def build_bwrap_args(
     system_paths: Sequence[str] = SYSTEM_PATHS,
     secret_paths: Sequence[str] = ETC_SECRETS,
     sandbox_root: str = SANDBOX_ROOT,
-    protected: Sequence[str] = (),
 ) -> list[str]:
     """The bubblewrap flags (everything between ``bwrap`` and ``--``).
 
@@ -147,9 +160,10 @@ def build_bwrap_args(
         seccomp: Whether to pass ``--seccomp`` (the launcher opens the fd).
         system_paths: Host directories visible read-only.
         secret_paths: Host paths masked inside those directories.
-        sandbox_root: Stable in-sandbox path of the workspace.
-        protected: Workspace-relative paths that exist and are trusted: bound
-            read-only, the directories above them pinned (see ``_protect.py``).
+        sandbox_root: Stable in-sandbox path of the workspace. Nothing else
+            inside the workspace is bound: a bind by host path is resolved by
+            bwrap long after any check, so the protected paths are verified
+            around each command instead (see ``_protect.py``).
 
     Raises:
         OperationError: ``invalid_path`` when ``host_cwd`` lies outside the
@@ -187,7 +201,6 @@ def build_bwrap_args(
     args += _tmpfs("/tmp", size, features)  # noqa: S108 - in-sandbox path
     args += _tmpfs(SANDBOX_HOME, size, features)
     args += ["--bind", host_root, sandbox_root]
-    args += bind_args(host_root, sandbox_root, protected)
     # bwrap's own root is a tmpfs; left writable it would be an unbounded RAM sink.
     args += ["--remount-ro", "/", "--chdir", cwd]
     if seccomp:
@@ -219,11 +232,11 @@ class BwrapWrapper:
         features: What the installed bwrap supports.
         seccomp_file: Host file holding the BPF program, or None when the
             platform cannot load one.
-        cgroup_procs: ``cgroup.procs`` of the workspace's pids cgroup, or None.
+        cgroup_procs: The ``cgroup.procs`` files of the workspace's cgroup
+            (one per hierarchy); empty when it has none.
         prlimit: Absolute path of ``prlimit`` (visible inside through ``/usr``)
             to set ``RLIMIT_NPROC`` inside the sandbox, or None when a pids
             cgroup limits processes or there is no process limit.
-        guard: The workspace's protected-path guard; None binds nothing.
         shell: The POSIX shell running the launcher.
     """
 
@@ -231,9 +244,8 @@ class BwrapWrapper:
     policy: SandboxPolicy
     features: BwrapFeatures
     seccomp_file: str | None = None
-    cgroup_procs: str | None = None
+    cgroup_procs: tuple[str, ...] = ()
     prlimit: str | None = None
-    guard: PathGuard | None = None
     shell: str = "/bin/sh"
 
     def wrap(self, argv: Sequence[str], ctx: WrapContext) -> WrappedCommand:
@@ -248,21 +260,47 @@ class BwrapWrapper:
             policy=self.policy,
             features=self.features,
             seccomp=self.seccomp_file is not None,
-            protected=self.guard.trusted() if self.guard is not None else (),
         )
+        env = sandbox_env(ctx.env)
         inner = list(argv)
+        if not _found_on_path(inner[0], env["PATH"]):
+            inner = [*EXEC_SHIM, *inner]
         processes = self.policy.limits.processes
         if self.prlimit is not None and processes is not None:
             inner = [self.prlimit, f"--nproc={processes}:{processes}", "--", *inner]
         launch = [self.bwrap, *flags, "--", *inner]
-        if self.seccomp_file is not None or self.cgroup_procs is not None:
+        if self.seccomp_file is not None or self.cgroup_procs:
             launch = [
                 self.shell,
                 "-c",
                 LAUNCHER,
                 "corral-sandbox",
                 self.seccomp_file or "",
-                self.cgroup_procs or "",
+                str(len(self.cgroup_procs)),
+                *self.cgroup_procs,
                 *launch,
             ]
-        return WrappedCommand(argv=tuple(launch), env=sandbox_env(ctx.env))
+        return WrappedCommand(argv=tuple(launch), env=env, signal_as_status=True)
+
+
+def _found_on_path(program: str, path: str) -> bool:
+    """Whether bwrap's ``execvp`` is sure to find ``program`` executable.
+
+    Only bare names count: the sandbox's ``PATH`` holds nothing but the
+    read-only system directories, identical inside and out, so the host's
+    view is the sandbox's. A path (``./x``, ``/workspace/x``) names workspace
+    content the host must not judge.
+    """
+    if not program or "/" in program:
+        return False
+    for directory in path.split(":"):
+        if not _visible(directory):
+            continue
+        candidate = os.path.join(directory, program)
+        try:
+            st = os.stat(candidate)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and os.access(candidate, os.X_OK):
+            return True
+    return False

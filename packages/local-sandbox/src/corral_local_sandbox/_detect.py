@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from typing import Final
 
 import attrs
@@ -125,7 +126,8 @@ def detect_bwrap(
     policy: SandboxPolicy,
     scratch_dir: str,
     *,
-    cgroup_procs: str | None = None,
+    cgroup_procs: Sequence[str] = (),
+    nproc_in_cgroup: bool = False,
 ) -> BwrapBackend:
     """Find bwrap and prove it can build the full sandbox here (blocking).
 
@@ -133,7 +135,8 @@ def detect_bwrap(
         bwrap_path: Explicit bwrap path, or None to search ``PATH``.
         policy: The policy the probe sandbox uses.
         scratch_dir: A private directory for the probe's seccomp program.
-        cgroup_procs: The pids cgroup the probe joins, if any.
+        cgroup_procs: The ``cgroup.procs`` files the probe joins (the workspace's cgroup).
+        nproc_in_cgroup: The cgroup carries ``pids.max``, so no ``prlimit`` is needed.
 
     Raises:
         WorkspaceFailedError: What is missing and how to fix it.
@@ -154,16 +157,16 @@ def detect_bwrap(
     arch = native_arch()
     program = build_filter(arch) if arch is not None else None
     problem = None if arch is not None else "no seccomp filter for this CPU architecture"
-    seccomp_file = os.path.join(scratch_dir, "probe.bpf")
-    if program is not None:
-        with open(seccomp_file, "wb") as fh:
-            fh.write(program)
+    # A private name: another process may be probing for the same workspace.
+    fd, seccomp_file = tempfile.mkstemp(prefix="probe-", suffix=".bpf", dir=scratch_dir)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(program or b"")
     base = BwrapWrapper(
         bwrap=bwrap,
         policy=policy,
         features=features,
-        cgroup_procs=cgroup_procs,
-        prlimit=None if cgroup_procs else prlimit,
+        cgroup_procs=tuple(cgroup_procs),
+        prlimit=None if nproc_in_cgroup else prlimit,
     )
     try:
         result = _probe(attrs.evolve(base, seccomp_file=seccomp_file) if program else base)
@@ -174,6 +177,8 @@ def detect_bwrap(
                 program, result = None, bare
     except (OSError, subprocess.SubprocessError) as exc:
         raise _fail(f"the bubblewrap probe could not run ({exc})", exc) from None
+    finally:
+        os.unlink(seccomp_file)
     if result.returncode != 0:
         raise _fail(f"{_USERNS_HINT}. bwrap said: {_brief(result.stderr)}")
     return BwrapBackend(bwrap, match.group(1), features, prlimit, program, problem)

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import logging
+
 import anyio
-import anyio.to_thread
 import attrs
 
 from corral import CommandRequest, ExecResult, OperationError, Shell
 
-from ._protect import PathGuard
+from ._protect import STUCK_NOTE, PathGuard
 
 __all__ = ["GuardedShell"]
 
+log = logging.getLogger("corral.local_sandbox.protect")
+
 
 class GuardedShell:
-    """Runs commands through ``inner``; quarantines what they plant at protected paths.
+    """Runs commands through ``inner`` between two protected-path checks.
+
+    The check *before* catches what another process's command, a process
+    that died mid-command, or the host left behind; the check *after* catches
+    what this command planted. Both judge content, not who ran when.
 
     Args:
         inner: The sandboxed posix-core shell.
@@ -27,31 +34,35 @@ class GuardedShell:
         self._closed = False
 
     async def run(self, request: CommandRequest) -> ExecResult:
-        """Run one command, then move anything it planted at a protected path out of the workspace.
+        """Check, run one command, check again; notes on anything moved go to stderr.
 
         Raises:
-            OperationError: ``policy_denied`` when a protected location holds a
-                symlink or an unremovable planted file; anything ``inner`` raises.
+            OperationError: ``policy_denied`` when something at a protected
+                path cannot be moved out of the workspace; anything ``inner`` raises.
         """
         if self._closed:  # the guard's state is gone with the workspace
             raise OperationError("the workspace is closed", code="closed")
-        self._guard.begin()
+        before = await self._guard.acheck()
+        if not before.clean:
+            raise OperationError(
+                "a file planted at a protected path could not be removed; "
+                "remove it from the host to run commands",
+                code="policy_denied",
+            )
         try:
             result = await self._inner.run(request)
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await self._finish()
+                try:
+                    await self._guard.acheck()
+                except Exception:  # the command's own error matters more
+                    log.exception("protected-path check after a failed command")
             raise
-        notes = await self._finish()
+        after = await self._guard.acheck()
+        notes = before.notes + after.notes + (() if after.clean else (STUCK_NOTE,))
         if notes:
             result = attrs.evolve(result, stderr=result.stderr + "".join(notes))
         return result
-
-    async def _finish(self) -> list[str]:
-        changes = self._guard.changed()
-        if not changes:
-            return self._guard.end([])
-        return await anyio.to_thread.run_sync(self._guard.end, changes)
 
     async def aclose(self) -> None:
         """Close the inner shell (kills running commands)."""

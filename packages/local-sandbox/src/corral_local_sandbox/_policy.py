@@ -75,21 +75,31 @@ def _positive_or_none(_inst: object, attr: attrs.Attribute[Any], value: object) 
 
 @attrs.frozen(kw_only=True)
 class ResourceLimits:
-    """Per-command resource limits, applied inside the sandbox.
+    """Resource limits of one workspace's commands.
 
-    ``None`` lifts a limit. ``processes`` is ``RLIMIT_NPROC`` set inside the
-    sandbox's user namespace (so it counts only the sandbox's own
-    processes), or a pids cgroup when the host user is root, whom the
-    kernel exempts from ``RLIMIT_NPROC``. The other rlimits are set on the
+    ``None`` lifts a limit. ``memory_bytes``, ``processes`` and
+    ``disk_bytes`` bound the *workspace* (all its commands together), not
+    one process: memory and processes through a cgroup per workspace
+    (``memory_bytes`` needs one, and ``open`` fails with advice when none
+    can be made; ``processes`` falls back to ``RLIMIT_NPROC`` inside the
+    sandbox's user namespace for a non-root host user), the disk through a
+    walk after each command. The other rlimits are per process, set on the
     launcher by the shell's supervisor and inherited through bwrap.
 
     Attributes:
-        processes: Processes and threads (``RLIMIT_NPROC`` / ``pids.max``).
-        memory_bytes: Address space of each process (``RLIMIT_AS``).
+        processes: Processes and threads (``pids.max`` / ``RLIMIT_NPROC``).
+        memory_bytes: Memory of all the workspace's processes together, swap
+            included where the kernel accounts it (cgroup ``memory.max`` /
+            ``memory.limit_in_bytes``); tmpfs pages they write count too.
         cpu_seconds: CPU time of each process (``RLIMIT_CPU``).
-        file_size_bytes: Largest file a command can write (``RLIMIT_FSIZE``).
+        file_size_bytes: Largest file a command can write (``RLIMIT_FSIZE``,
+            never above ``disk_bytes``).
         open_files: Open file descriptors per process (``RLIMIT_NOFILE``).
         tmpfs_bytes: Size of each private tmpfs (``/tmp``, home).
+        disk_bytes: Disk space of the workspace (default 2 GiB: a sizeable
+            checkout with its dependencies, far below a host disk). Measured
+            after each command; over it, commands and file writes are
+            refused until files are removed.
     """
 
     processes: int | None = attrs.field(default=256, validator=_positive_or_none)
@@ -98,6 +108,7 @@ class ResourceLimits:
     file_size_bytes: int | None = attrs.field(default=1024**3, validator=_positive_or_none)
     open_files: int | None = attrs.field(default=1024, validator=_positive_or_none)
     tmpfs_bytes: int | None = attrs.field(default=256 * 1024**2, validator=_positive_or_none)
+    disk_bytes: int | None = attrs.field(default=2 * 1024**3, validator=_positive_or_none)
 
     @classmethod
     def coerce(cls, value: object) -> ResourceLimits:
@@ -117,13 +128,17 @@ class ResourceLimits:
             return cls(**value)
         raise ValueError("limits must be a mapping of limit names to integers")
 
+    def effective_file_size(self) -> int | None:
+        """``RLIMIT_FSIZE``: no single file may be larger than the whole disk quota."""
+        sizes = [v for v in (self.file_size_bytes, self.disk_bytes) if v is not None]
+        return min(sizes) if sizes else None
+
     def prlimit_args(self) -> list[str]:
         """``prlimit`` options setting soft and hard limits (no core dumps)."""
         pairs = [
             ("nproc", self.processes),
-            ("as", self.memory_bytes),
             ("cpu", self.cpu_seconds),
-            ("fsize", self.file_size_bytes),
+            ("fsize", self.effective_file_size()),
             ("nofile", self.open_files),
             ("core", 0),
         ]

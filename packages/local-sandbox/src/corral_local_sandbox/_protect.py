@@ -1,141 +1,173 @@
-"""Protected paths: what exists is read-only, what a command creates is quarantined.
+"""Protected paths: verified by content, before and after every command, under a lock.
 
 A protected path is something a tool on the host runs or obeys when a person
 later uses the workspace directory (git hooks and config, shell start-up
-files, editor tasks, MCP configs). :class:`PathGuard` keeps, per workspace,
-a *baseline*: what stands at each protected location (the leaf, or the
-first ancestor that is not a directory, e.g. a worktree's ``.git`` file or
-a symlink), identified by ``lstat``.
+files, editor tasks, MCP configs). Nothing legitimate puts anything there
+except corral itself: workspaces start empty, the file tools refuse those
+paths, and whatever a command plants is moved out. So the rule is stateless
+and decided at the moment of use:
 
-* Before a command, baseline entries that exist are bound read-only into the
-  sandbox and every directory above them is bound onto itself, so they can
-  be neither written nor renamed away (``EBUSY`` on a mountpoint). Nothing is
-  created on the host for absent entries.
-* After a command, each location is ``lstat``-ed again (about 25 calls).
-  Whatever appeared or changed where the baseline had nothing trusted is
-  moved out of the workspace into its state directory and a note is added to
-  the command's stderr. A ``.git/config`` is kept instead when the host's git
-  parses it and every key is harmless (see ``_gitconfig.py``), so
-  ``git init`` and ``git config user.email`` work inside the sandbox; such a
-  sandbox-written config stays writable and is re-checked after each change.
-* Changes between commands come from the host (no sandboxed process survives
-  its command) and become the new trusted baseline.
-* An ``inflight`` marker in the state directory exists while commands run; a
-  process that died mid-command leaves it, and the next ``open``/``resolve``
-  checks the workspace against the saved baseline before trusting anything.
+* A protected location is acceptable when it is **absent**, or when it is a
+  regular file its validator accepts (today only ``.git/config``, parsed by
+  the host's git, see ``_gitconfig.py``), so ``git init`` and
+  ``git config user.email`` work inside the sandbox. Anything else standing
+  there -- or at the first ancestor that is not a plain directory, such as a
+  ``.git`` symlink or a worktree's ``.git`` file -- is moved into the
+  workspace's state directory (``protect/quarantine/``) and a note is added
+  to the command's stderr.
+* :meth:`PathGuard.check` runs before and after every command, at every
+  ``open``/``resolve``, after every snapshot restore and branch, and after
+  every file-tool mutation, in whichever process does it. There is no
+  per-process bookkeeping to lose when a process dies.
+* Checks and quarantines of one workspace are serialised across processes by
+  an exclusive ``flock`` on ``protect/lock`` in the state directory (which
+  no sandboxed process can see).
+* Every host-side operation inside the workspace goes through directory fds:
+  each component is opened ``O_PATH | O_NOFOLLOW`` from the previous one and
+  ``fstat``-ed, so what is judged is the object held; it is renamed out with
+  ``renameat`` relative to its held parent after its inode is re-checked, and
+  permissions are changed through the held fd. No symlink a command swaps in
+  is ever followed, and nothing is bound into the sandbox by host path.
+* Acceptance is cached (in memory and in ``protect/accepted.json``) by
+  device, inode, size, mtime, ctime *and* the SHA-256 of the content, so an
+  unchanged config is not re-validated by running git; the content is
+  hashed on every check.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
 import logging
 import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Final
 
+import anyio.to_thread
 import attrs
 
 from corral import OperationError
-from corral_posix._layout import remove_tree
+from corral_posix import remove_tree_at
 
 from ._policy import ProtectedPath
 
-__all__ = ["Observation", "PathGuard", "Validator", "bind_args"]
+__all__ = ["NOTE", "STUCK_NOTE", "CheckResult", "PathGuard", "Validator"]
 
 log = logging.getLogger("corral.local_sandbox.protect")
 
-Key = tuple[int, int, int, int, int, int]
 Validator = Callable[[bytes, str], bool]
 """``(file bytes, scratch dir) -> keep?`` for a sandbox-written protected file."""
 
-_MANIFEST: Final = "protect.json"
-_INFLIGHT: Final = "inflight"
+CacheKey = tuple[str, int, int, int, int, int, str]
+"""Protected path, dev, ino, size, mtime_ns, ctime_ns, SHA-256 of the content."""
+
+_LOCK: Final = "lock"
+_ACCEPTED: Final = "accepted.json"
 _QUARANTINE: Final = "quarantine"
 _MAX_VALIDATE_BYTES: Final = 256 * 1024
+_MAX_CACHE: Final = 64
+# A pass that had to act is followed by another; a command racing the guard
+# could keep it busy forever, so give up (and refuse commands) after this many.
+_MAX_ROUNDS: Final = 8
+_PATH_FLAGS: Final = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR_PATH_FLAGS: Final = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
 NOTE: Final = (
     "corral-sandbox: {rel} was created or changed by the command at a protected path "
     "(VCS hooks/config, shell start-up, editor or agent configuration) and was moved out "
     "of the workspace\n"
 )
+STUCK_NOTE: Final = (
+    "corral-sandbox: something at a protected path could not be moved out of the workspace; "
+    "further commands are refused until it is removed from the host\n"
+)
 
 
 @attrs.frozen
-class Observation:
-    """What stands at a protected location.
+class CheckResult:
+    """The outcome of one :meth:`PathGuard.check`.
 
     Attributes:
-        rel: Relative path of the leaf, or of the first ancestor that is not a
-            directory; None when nothing is there.
-        key: Mode, device, inode, size, mtime and ctime of ``rel``.
+        notes: One stderr note per object moved out of the workspace.
+        clean: Whether every protected location was acceptable at the end.
     """
 
-    rel: str | None = None
-    key: Key | None = None
-
-    def same_object(self, other: Observation) -> bool:
-        """Same path, file type and inode (content may differ)."""
-        return (
-            self.rel == other.rel
-            and self.key is not None
-            and other.key is not None
-            and self.key[:3] == other.key[:3]
-        )
+    notes: tuple[str, ...] = ()
+    clean: bool = True
 
 
-_ABSENT: Final = Observation()
+class _NeedThread(Exception):
+    """The fast path met something that needs blocking work (lock, git, a rename)."""
 
 
-def _as_key(value: list[int]) -> Key:
-    a, b, c, d, e, f = (int(v) for v in value)
-    return (a, b, c, d, e, f)
+def _ident(st: os.stat_result) -> tuple[int, int]:
+    return (st.st_dev, st.st_ino)
 
 
-def _key(st: os.stat_result) -> Key:
-    return (st.st_mode, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+def _fd_path(fd: int) -> str:
+    return f"/proc/self/fd/{fd}"
 
 
-def observe(root: str, entry: ProtectedPath) -> Observation:
-    """Walk ``entry`` from ``root`` without following symlinks."""
-    parts = entry.path.split("/")
-    for depth in range(1, len(parts) + 1):
-        rel = "/".join(parts[:depth])
+def _ensure_mode(fd: int, bits: int) -> None:
+    """Add permission ``bits`` to the object ``fd`` holds (an ``O_PATH`` fd is fine).
+
+    The command may have made a directory unsearchable or read-only; corral
+    owns every file in the workspace, so it may put the bits back. The change
+    goes through the held fd's ``/proc`` link, never through a path.
+    """
+    mode = stat.S_IMODE(os.fstat(fd).st_mode)
+    if mode & bits != bits:
+        with contextlib.suppress(OSError):
+            os.chmod(_fd_path(fd), mode | bits)
+
+
+def _open_at(name: str, parent: int, flags: int) -> int | None:
+    """``openat`` without following symlinks; None when the name is absent.
+
+    An unsearchable parent (``chmod 000`` by a command) is made searchable once.
+    """
+    for attempt in range(2):
         try:
-            st = os.lstat(os.path.join(root, rel))
-        except (FileNotFoundError, NotADirectoryError):
-            return _ABSENT
-        if depth == len(parts) or not stat.S_ISDIR(st.st_mode):
-            return Observation(rel, _key(st))
-    return _ABSENT
+            return os.open(name, flags, dir_fd=parent)
+        except FileNotFoundError:
+            return None
+        except PermissionError:
+            if attempt:
+                raise
+            _ensure_mode(parent, 0o700)
+    return None  # pragma: no cover - the loop returns or raises
 
 
-def bind_args(host_root: str, sandbox_root: str, trusted: Iterable[str]) -> list[str]:
-    """bwrap arguments binding ``trusted`` read-only and pinning the directories above them."""
-    mounts: dict[str, bool] = {}
-    for rel in trusted:
-        parts = rel.split("/")
-        for depth in range(1, len(parts)):
-            mounts.setdefault("/".join(parts[:depth]), False)
-        mounts[rel] = True
-    args: list[str] = []
-    for rel in sorted(mounts, key=lambda r: (r.count("/"), r)):
-        flag = "--ro-bind" if mounts[rel] else "--bind"
-        args += [flag, os.path.join(host_root, rel), f"{sandbox_root}/{rel}"]
-    return args
+@attrs.define
+class _Found:
+    """What stands at (or above) one protected location, held by fds."""
+
+    rel: str
+    parent: int  # borrowed: owned by the walk that found it
+    name: str
+    fd: int  # owned: O_PATH fd of the object itself
+    st: os.stat_result
+    is_leaf: bool
 
 
 class PathGuard:
-    """The protected-path baseline of one workspace (see the module docstring).
+    """The protected-path check of one workspace (see the module docstring).
+
+    Cheap to build: one is built per restore or branch as well as per
+    workspace. Every method is safe to call from several threads and several
+    processes at once.
 
     Args:
         root: Host path of the workspace.
         state_dir: The workspace's private state directory (same filesystem).
         protected: The protected paths.
-        validators: Per protected path, a check that may keep a sandbox-written
-            regular file instead of quarantining it.
+        validators: Per protected path, a check that may keep a regular file
+            standing there instead of quarantining it.
     """
 
     def __init__(
@@ -147,239 +179,247 @@ class PathGuard:
     ) -> None:
         self.root = root
         self._dir = os.path.join(state_dir, "protect")
-        self._entries = tuple(protected)
+        self._entries = tuple((e.path, tuple(e.path.split("/"))) for e in protected)
         self._validators = dict(validators or {})
-        self._lock = threading.Lock()
-        self._baseline: dict[str, Observation] = {}
-        self._accepted: set[str] = set()
-        self._tainted: set[str] = set()
-        self._inflight = 0
+        self._cache: dict[CacheKey, None] = {}
+        self._cache_lock = threading.Lock()
         self._seq = 0
-        self._trusted: list[str] = []
-
-    # -- persistence ---------------------------------------------------------------
-
-    def _path(self, name: str) -> str:
-        return os.path.join(self._dir, name)
-
-    def _save(self) -> None:
-        data = {
-            "version": 1,
-            "baseline": {k: [v.rel, v.key] for k, v in self._baseline.items()},
-            "accepted": sorted(self._accepted),
-        }
-        tmp = self._path(f".{_MANIFEST}.{os.getpid()}.{threading.get_ident()}")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(data, fh)
-        os.replace(tmp, self._path(_MANIFEST))
-
-    def _load(self) -> dict[str, Observation] | None:
-        try:
-            with open(self._path(_MANIFEST), encoding="utf-8") as fh:
-                data: Any = json.load(fh)
-            baseline = {
-                str(k): Observation(v[0], _as_key(v[1]) if v[1] else None)
-                for k, v in data["baseline"].items()
-            }
-            self._accepted = {str(a) for a in data["accepted"]}
-        except (OSError, ValueError, KeyError, TypeError, IndexError):
-            return None
-        return baseline
-
-    def start(self) -> list[str]:
-        """Load or create the baseline at open/resolve (blocking).
-
-        A leftover ``inflight`` marker means a command may have run without its
-        check: the workspace is checked against the saved baseline first.
-
-        Returns:
-            The notes of anything quarantined.
-        """
         os.makedirs(self._dir, mode=0o700, exist_ok=True)
-        saved = self._load()
-        notes: list[str] = []
-        if saved is not None and os.path.lexists(self._path(_INFLIGHT)):
-            self._baseline = saved
-            notes = self._settle(self._changed())
-        elif saved is not None:
-            self._baseline = saved
-        self._resync()
-        self._save()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._path(_INFLIGHT))
-        return notes
+        self._load_cache()
 
-    # -- per command -------------------------------------------------------------------
+    # -- the acceptance cache ----------------------------------------------------
 
-    def _resync(self) -> bool:
-        """Take the current state as trusted (only while no command runs)."""
-        changed = False
-        for entry in self._entries:
-            now = observe(self.root, entry)
-            before = self._baseline.get(entry.path)
-            if now != before:
-                changed = True
-                self._baseline[entry.path] = now
-                self._accepted.discard(entry.path)
-        return changed
+    def _load_cache(self) -> None:
+        try:
+            with open(os.path.join(self._dir, _ACCEPTED), encoding="utf-8") as fh:
+                raw = json.load(fh)
+            keys = [
+                (str(k[0]), int(k[1]), int(k[2]), int(k[3]), int(k[4]), int(k[5]), str(k[6]))
+                for k in raw
+            ]
+        except (OSError, ValueError, TypeError, IndexError):
+            return
+        with self._cache_lock:
+            for key in keys:
+                self._cache[key] = None
 
-    def trusted(self) -> list[str]:
-        """The existing protected paths to bind read-only (fixed while commands run)."""
-        return self._trusted
+    def _remember(self, key: CacheKey) -> None:
+        with self._cache_lock:
+            self._cache[key] = None
+            while len(self._cache) > _MAX_CACHE:
+                del self._cache[next(iter(self._cache))]
+            keys = list(self._cache)
+        tmp = os.path.join(self._dir, f".{_ACCEPTED}.{os.getpid()}.{threading.get_ident()}")
+        with contextlib.suppress(OSError):
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(keys, fh)
+            os.replace(tmp, os.path.join(self._dir, _ACCEPTED))
 
-    def begin(self) -> None:
-        """Register a starting command; :meth:`end` must follow.
+    # -- checking ----------------------------------------------------------------
+
+    def check(self) -> CheckResult:
+        """Verify every protected location and quarantine what is not acceptable (blocking).
 
         Raises:
-            OperationError: ``policy_denied`` when a protected location holds a
-                symlink (bwrap would follow it on the host) or a planted file
-                could not be removed.
+            OperationError: The workspace or its state directory is gone.
         """
-        with self._lock:
-            if self._inflight == 0:
-                if self._tainted:
-                    self._settle_locked(self._tainted_changes())
-                if self._tainted:
-                    raise OperationError(
-                        "a file planted at a protected path could not be removed; "
-                        "remove it from the host to run commands",
-                        code="policy_denied",
-                    )
-                if self._resync():
-                    self._save()
-            trusted: list[str] = []
-            for path, obs in self._baseline.items():
-                if obs.rel is None or path in self._accepted:
-                    continue
-                if obs.key is not None and stat.S_ISLNK(obs.key[0]):
-                    raise OperationError(
-                        f"protected path {path} is or lies under a symlink; remove it from the "
-                        "workspace to run commands",
-                        code="policy_denied",
-                    )
-                trusted.append(obs.rel)
-            if self._inflight == 0:
-                os.close(os.open(self._path(_INFLIGHT), os.O_WRONLY | os.O_CREAT, 0o600))
-            self._inflight += 1
-            self._trusted = sorted(set(trusted))
+        with self._locked(blocking=True):
+            return self._check(fast=False)
 
-    def changed(self) -> list[tuple[str, Observation]]:
-        """The protected locations that differ from the baseline (a few lstat calls)."""
-        with self._lock:
-            return self._changed()
+    def try_check_fast(self) -> CheckResult | None:
+        """The common case without blocking: everything absent or already accepted.
 
-    def _changed(self) -> list[tuple[str, Observation]]:
-        out = []
-        for entry in self._entries:
-            now = observe(self.root, entry)
-            if now != self._baseline.get(entry.path, _ABSENT):
-                out.append((entry.path, now))
-        return out
-
-    def _tainted_changes(self) -> list[tuple[str, Observation]]:
-        by_path = {e.path: e for e in self._entries}
-        return [(p, observe(self.root, by_path[p])) for p in sorted(self._tainted)]
-
-    def end(self, changes: list[tuple[str, Observation]]) -> list[str]:
-        """Finish a command: neutralise ``changes`` (blocking when there are any).
+        A few dozen ``openat``/``fstat`` calls and, for an accepted config, one
+        small read and hash; suitable for the event loop.
 
         Returns:
-            One stderr note per quarantined path.
+            None when the lock is held elsewhere or something needs validating
+            or moving: call :meth:`check` in a worker thread instead.
         """
-        with self._lock:
-            self._inflight -= 1
-            notes = self._settle_locked(changes) if changes else []
-            if self._inflight == 0:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self._path(_INFLIGHT))
-            return notes
-
-    # -- neutralising ----------------------------------------------------------------
-
-    def _settle(self, changes: list[tuple[str, Observation]]) -> list[str]:
-        with self._lock:
-            return self._settle_locked(changes)
-
-    def _settle_locked(self, changes: list[tuple[str, Observation]]) -> list[str]:
-        notes: list[str] = []
-        by_path = {e.path: e for e in self._entries}
-        for path, _seen in changes:
-            # Re-observed: quarantining one location may have cleared another (".git").
-            now = observe(self.root, by_path[path])
-            before = self._baseline.get(path, _ABSENT)
-            if now == before:
-                continue
-            if now.rel is None:
-                self._baseline[path] = now
-                self._accepted.discard(path)
-                continue
-            if path not in self._accepted and before.same_object(now):
-                # A trusted object the sandbox could not touch (read-only, pinned):
-                # the host changed it during the command.
-                self._baseline[path] = now
-                continue
-            if now.rel == path and self._keep(path, now):
-                self._baseline[path] = now
-                self._accepted.add(path)
-                continue
-            if self._quarantine(now.rel):
-                log.warning("quarantined %s planted at a protected path of %s", now.rel, self.root)
-                notes.append(NOTE.format(rel=now.rel))
-                self._tainted.discard(path)
-            else:
-                self._tainted.add(path)
-            self._baseline[path] = observe(self.root, by_path[path])
-            self._accepted.discard(path)
-        self._save()
-        return notes
-
-    def _keep(self, path: str, now: Observation) -> bool:
-        validator = self._validators.get(path)
-        if validator is None or now.key is None or not stat.S_ISREG(now.key[0]):
-            return False
         try:
-            fd = os.open(os.path.join(self.root, path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with self._locked(blocking=False):
+                return self._check(fast=True)
+        except _NeedThread:
+            return None
+
+    async def acheck(self) -> CheckResult:
+        """:meth:`check` without blocking the event loop (fast path inline, else a thread)."""
+        fast = self.try_check_fast()
+        if fast is not None:
+            return fast
+        return await anyio.to_thread.run_sync(self.check)
+
+    @contextlib.contextmanager
+    def _locked(self, *, blocking: bool) -> Iterator[None]:
+        try:
+            fd = os.open(
+                os.path.join(self._dir, _LOCK),
+                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+            )
         except OSError:
+            raise OperationError("the workspace's state directory is gone", code="failed") from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            except BlockingIOError:
+                raise _NeedThread from None
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _open_root(self) -> int:
+        try:
+            return os.open(self.root, _DIR_PATH_FLAGS)
+        except OSError:
+            raise OperationError("the workspace directory is gone", code="failed") from None
+
+    def _check(self, *, fast: bool) -> CheckResult:
+        notes: list[str] = []
+        root = self._open_root()
+        try:
+            for _ in range(_MAX_ROUNDS):
+                acted = False
+                for path, parts in self._entries:
+                    note = self._settle(root, path, parts, fast=fast)
+                    if note is not None:
+                        acted = True
+                        if note:
+                            notes.append(note)
+                if not acted:
+                    return CheckResult(tuple(dict.fromkeys(notes)), clean=True)
+        finally:
+            os.close(root)
+        log.error("a protected path of %s could not be made safe", self.root)
+        return CheckResult(tuple(dict.fromkeys(notes)), clean=False)
+
+    def _settle(self, root: int, path: str, parts: tuple[str, ...], *, fast: bool) -> str | None:
+        """Check one location; None when it was acceptable, else a note ("" = nothing moved)."""
+        opened: list[int] = []
+        try:
+            found = self._walk(root, parts, opened)
+            if found is None:
+                return None
+            if found.is_leaf and self._acceptable(path, found, fast=fast):
+                return None
+            if fast:
+                raise _NeedThread
+            return self._quarantine(found)
+        finally:
+            for fd in opened:
+                os.close(fd)
+
+    def _walk(self, root: int, parts: tuple[str, ...], opened: list[int]) -> _Found | None:
+        """Open each component ``O_PATH | O_NOFOLLOW``; stop at the leaf or a non-directory."""
+        parent = root
+        for depth, name in enumerate(parts, start=1):
+            fd = _open_at(name, parent, _PATH_FLAGS)
+            if fd is None:
+                return None
+            opened.append(fd)
+            st = os.fstat(fd)
+            leaf = depth == len(parts)
+            if leaf or not stat.S_ISDIR(st.st_mode):
+                return _Found("/".join(parts[:depth]), parent, name, fd, st, leaf)
+            parent = fd
+        return None  # pragma: no cover - parts is never empty
+
+    def _acceptable(self, path: str, found: _Found, *, fast: bool) -> bool:
+        validator = self._validators.get(path)
+        st = found.st
+        if (
+            validator is None
+            or not stat.S_ISREG(st.st_mode)
+            or st.st_nlink != 1
+            or st.st_size > _MAX_VALIDATE_BYTES
+        ):
             return False
+        data = self._read(found)
+        if data is None:
+            return False
+        key: CacheKey = (
+            path,
+            st.st_dev,
+            st.st_ino,
+            st.st_size,
+            st.st_mtime_ns,
+            st.st_ctime_ns,
+            hashlib.sha256(data).hexdigest(),
+        )
+        if key in self._cache:
+            return True
+        if fast:
+            raise _NeedThread
+        self._load_cache()  # another process may have validated it already
+        if key in self._cache:
+            return True
+        if not validator(data, self._dir):
+            return False
+        self._remember(key)
+        return True
+
+    @staticmethod
+    def _read(found: _Found) -> bytes | None:
+        """The content of the very inode observed (re-opened through its held fd)."""
+        try:
+            fd = os.open(_fd_path(found.fd), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return None
         try:
             st = os.fstat(fd)
-            if _key(st) != now.key or st.st_nlink != 1 or st.st_size > _MAX_VALIDATE_BYTES:
-                return False
+            if _ident(st) != _ident(found.st) or not stat.S_ISREG(st.st_mode):
+                return None
             data = os.read(fd, _MAX_VALIDATE_BYTES + 1)
+            after = os.fstat(fd)
         finally:
             os.close(fd)
-        return validator(data, self._dir)
+        if len(data) != found.st.st_size or after.st_mtime_ns != found.st.st_mtime_ns:
+            return None  # changed while being read: judged again next pass
+        return data
 
-    def _make_movable(self, rel: str) -> None:
-        # A directory the command made read-only cannot be moved (its ".."
-        # changes) nor can entries of a read-only parent; we own them.
-        parts = rel.split("/")
-        for depth in range(len(parts) + 1):
-            path = os.path.join(self.root, *parts[:depth])
-            with contextlib.suppress(OSError):
-                st = os.lstat(path)
-                if stat.S_ISDIR(st.st_mode):
-                    os.chmod(path, stat.S_IMODE(st.st_mode) | 0o700)
+    # -- neutralising --------------------------------------------------------------
 
-    def _quarantine(self, rel: str) -> bool:
-        src = os.path.join(self.root, rel)
-        qdir = self._path(_QUARANTINE)
-        os.makedirs(qdir, mode=0o700, exist_ok=True)
+    def _quarantine_dir(self) -> int:
+        qdir = os.path.join(self._dir, _QUARANTINE)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(qdir, 0o700)
+        return os.open(qdir, _DIR_PATH_FLAGS)
+
+    def _quarantine(self, found: _Found) -> str:
+        """Move ``found`` out of the workspace; return its note ("" if it was not ours to move)."""
+        try:
+            now = os.stat(found.name, dir_fd=found.parent, follow_symlinks=False)
+        except FileNotFoundError:
+            return ""
+        if _ident(now) != _ident(found.st):
+            return ""  # swapped since observed: the next pass judges the newcomer
+        # Renaming needs a writable parent, and a directory must be writable
+        # itself (its ".." entry changes).
+        _ensure_mode(found.parent, 0o700)
+        if stat.S_ISDIR(found.st.st_mode):
+            _ensure_mode(found.fd, 0o700)
         self._seq += 1
-        dst = os.path.join(qdir, f"{time.time_ns()}-{self._seq}-{rel.replace('/', '_')}")
-        for attempt in range(2):
+        dst = f"{time.time_ns()}-{os.getpid()}-{self._seq}-{found.rel.replace('/', '_')}"
+        qfd = self._quarantine_dir()
+        try:
             try:
-                os.rename(src, dst)
+                os.rename(found.name, dst, src_dir_fd=found.parent, dst_dir_fd=qfd)
             except FileNotFoundError:
-                return True
-            except OSError:
-                if attempt == 0:
-                    self._make_movable(rel)
+                return ""
+            except OSError as exc:
+                log.warning("quarantine rename failed (%s); removing instead", exc.strerror)
+                try:
+                    remove_tree_at(found.parent, found.name)
+                except (OSError, OperationError) as err:
+                    log.error(  # noqa: TRY400 - the reason is enough, no traceback
+                        "could not remove %s from %s: %s", found.rel, self.root, err
+                    )
+                    return ""
             else:
-                return True
-        with contextlib.suppress(OSError):
-            if os.path.isdir(src) and not os.path.islink(src):
-                remove_tree(src)
-            else:
-                os.unlink(src)
-        return not os.path.lexists(src)
+                moved = os.stat(dst, dir_fd=qfd, follow_symlinks=False)
+                if _ident(moved) != _ident(found.st):
+                    log.warning("a different object was moved out of %s", found.rel)
+        finally:
+            os.close(qfd)
+        log.warning("quarantined %s planted at a protected path of %s", found.rel, self.root)
+        return NOTE.format(rel=found.rel)

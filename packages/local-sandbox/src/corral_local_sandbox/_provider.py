@@ -9,9 +9,9 @@ closed: no usable sandbox, no workspace.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import shutil
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -21,13 +21,13 @@ import anyio
 import anyio.to_thread
 import attrs
 
-from corral import FileSystem, Shell, WorkspaceFailedError
-from corral_posix import Isolation, TmpdirWorkspaceProvider
+from corral import FileSystem, OperationError, Shell, WorkspaceFailedError
+from corral_posix import Isolation, TmpdirWorkspaceProvider, remove_tree
 from corral_posix._shell import ResourceLimits as ShellLimits
 from corral_posix._wrapper import CommandWrapper
 
 from ._bwrap import BwrapWrapper
-from ._cgroup import PidsCgroup, find_pids_hierarchy
+from ._cgroup import CgroupUnavailable, WorkspaceCgroup, release_recorded, workspace_cgroup
 from ._detect import PROVIDER_ID, BwrapBackend, detect_bwrap
 from ._gitconfig import git_config_is_safe
 from ._guarded_shell import GuardedShell
@@ -39,6 +39,7 @@ from ._policy import (
 )
 from ._protect import PathGuard
 from ._protected_fs import ProtectedFileSystem
+from ._quota import DiskQuota, QuotaFileSystem, QuotaShell
 from ._seatbelt import SANDBOX_EXEC, SeatbeltWrapper
 from ._seccomp import denied_syscalls
 
@@ -49,21 +50,44 @@ log = logging.getLogger("corral.local_sandbox")
 
 @attrs.define
 class _Resources:
-    """Per-workspace sandbox resources: built before the shell, released after it."""
+    """Per-workspace sandbox resources: built before the shell, released when it closes.
+
+    They live in the workspace's state directory and in a cgroup named after
+    it, so the next ``resolve`` of the workspace (a CLI call in a new process
+    that exits without closing) reuses them instead of leaking new ones.
+    """
 
     wrapper: CommandWrapper
     scratch: str
     facts: dict[str, Any]
-    cgroup: PidsCgroup | None = None
+    cgroup: WorkspaceCgroup | None = None
 
     def release(self) -> None:
         if self.cgroup is not None:
             self.cgroup.remove()
             self.cgroup = None
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        release_recorded(self.scratch)
+        with contextlib.suppress(OSError, OperationError):
+            remove_tree(self.scratch)
 
 
 _HOME_FALLBACK: Final = "/var/empty"
+_SCRATCH: Final = "sandbox"
+_OVER_QUOTA: Final = "over-quota"
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    # Another process's launcher may be reading the previous copy right now.
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, 0o400)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 class LocalSandboxProvider(TmpdirWorkspaceProvider):
@@ -106,12 +130,15 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
             protected_paths=SandboxPolicy.coerce_protected(protected_paths),
         )
         # Every rlimit but RLIMIT_NPROC is set by the shell's supervisor on the
-        # launcher and inherited through bwrap: no extra exec per command.
+        # launcher and inherited through bwrap: no extra exec per command. On
+        # Linux the memory limit is the workspace's cgroup; RLIMIT_AS on top
+        # would only break runtimes that reserve far more address space than
+        # they use (Go, the JVM, Node, sanitizers) without bounding anything more.
         lim = policy.limits
         shell_limits = ShellLimits(
             cpu_s=lim.cpu_seconds,
-            address_space_bytes=lim.memory_bytes,
-            file_size_bytes=lim.file_size_bytes,
+            address_space_bytes=lim.memory_bytes if sys.platform == "darwin" else None,
+            file_size_bytes=lim.effective_file_size(),
             open_files=lim.open_files,
             core=0,
         )
@@ -126,8 +153,8 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
 
     # -- isolation ---------------------------------------------------------------
 
-    def _prepare(self, guard: PathGuard) -> _Resources:
-        """Detect the backend and build one workspace's sandbox resources (blocking)."""
+    def _prepare(self, state_dir: str) -> _Resources:
+        """Detect the backend and build or reuse one workspace's sandbox resources (blocking)."""
         system: str = sys.platform
         if not system.startswith("linux") and system != "darwin":
             raise WorkspaceFailedError(
@@ -135,65 +162,92 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
                 "commands unsandboxed (use the docker provider)",
                 provider_id=PROVIDER_ID,
             )
-        scratch = tempfile.mkdtemp(prefix="corral-sandbox-")
-        try:
-            if system == "darwin":
-                return self._prepare_seatbelt(scratch)
-            return self._prepare_bwrap(scratch, guard)
-        except BaseException:
-            shutil.rmtree(scratch, ignore_errors=True)
-            raise
+        # Not /tmp: a CLI call that exits without closing would leak one per call.
+        scratch = os.path.join(state_dir, _SCRATCH)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(scratch, 0o700)
+        if system == "darwin":
+            return self._prepare_seatbelt(scratch)
+        return self._prepare_bwrap(scratch, state_dir)
 
-    def _prepare_bwrap(self, scratch: str, guard: PathGuard) -> _Resources:
-        cgroup = self._make_cgroup()
+    def _prepare_bwrap(self, scratch: str, state_dir: str) -> _Resources:
+        cgroup = self._make_cgroup(state_dir, scratch)
         try:
-            backend = detect_bwrap(
-                self._bwrap_path,
-                self._policy,
-                scratch,
-                cgroup_procs=cgroup.procs_file if cgroup else None,
-            )
-            seccomp_file = None
-            if backend.seccomp_program is not None:
-                seccomp_file = os.path.join(scratch, "filter.bpf")
-                with open(seccomp_file, "wb") as fh:
-                    fh.write(backend.seccomp_program)
-                os.chmod(seccomp_file, 0o400)
+            return self._prepare_bwrap_in(scratch, cgroup)
         except BaseException:
-            if cgroup is not None:
+            if cgroup is not None:  # no usable sandbox: no workspace, no cgroup
                 cgroup.remove()
             raise
+
+    def _prepare_bwrap_in(self, scratch: str, cgroup: WorkspaceCgroup | None) -> _Resources:
+        pids_in_cgroup = (
+            cgroup is not None
+            and "pids" in cgroup.controllers
+            and self._policy.limits.processes is not None
+        )
+        backend = detect_bwrap(
+            self._bwrap_path,
+            self._policy,
+            scratch,
+            cgroup_procs=cgroup.procs_files if cgroup else (),
+            nproc_in_cgroup=pids_in_cgroup,
+        )
+        if backend.seccomp_program is None and os.geteuid() == 0:
+            # The sandbox user is host root: without the filter that refuses
+            # set-id modes, a command could leave a root setuid file on the host.
+            raise WorkspaceFailedError(
+                f"{PROVIDER_ID}: running as root and the seccomp filter is unavailable "
+                f"({backend.seccomp_problem}); refusing to run commands that could create "
+                "root-owned set-id files on the host; run as a regular user",
+                provider_id=PROVIDER_ID,
+            )
+        seccomp_file = None
+        if backend.seccomp_program is not None:
+            seccomp_file = os.path.join(scratch, "filter.bpf")
+            _write_atomically(seccomp_file, backend.seccomp_program)
         wrapper = BwrapWrapper(
             bwrap=backend.bwrap,
             policy=self._policy,
             features=backend.features,
             seccomp_file=seccomp_file,
-            cgroup_procs=cgroup.procs_file if cgroup else None,
-            # With a pids cgroup (root) RLIMIT_NPROC is both ignored and unneeded.
-            prlimit=None if cgroup else backend.prlimit,
-            guard=guard,
+            cgroup_procs=cgroup.procs_files if cgroup else (),
+            # With a pids cgroup RLIMIT_NPROC is unneeded (and ignored for root).
+            prlimit=None if pids_in_cgroup else backend.prlimit,
         )
-        return _Resources(wrapper, scratch, self._bwrap_facts(backend, cgroup), cgroup)
+        facts = self._bwrap_facts(backend, cgroup, pids_in_cgroup)
+        return _Resources(wrapper, scratch, facts, cgroup)
 
-    def _make_cgroup(self) -> PidsCgroup | None:
-        processes = self._policy.limits.processes
-        if processes is None or os.geteuid() != 0:
-            return None
-        hierarchy = find_pids_hierarchy()
-        failure = "no writable pids cgroup hierarchy was found"
-        if hierarchy is not None:
-            try:
-                return PidsCgroup(hierarchy, processes)
-            except OSError as exc:
-                failure = f"the pids cgroup could not be created ({exc.strerror})"
+    def _make_cgroup(self, state_dir: str, scratch: str) -> WorkspaceCgroup | None:
+        lim = self._policy.limits
+        root = os.geteuid() == 0
+        try:
+            return workspace_cgroup(
+                state_dir=state_dir,
+                scratch=scratch,
+                pids=lim.processes,
+                memory=lim.memory_bytes,
+                require_pids=root,
+            )
+        except CgroupUnavailable as exc:
+            why = str(exc)
+        if root:
+            advice = "mount the cgroup memory and pids controllers"
+        else:
+            advice = (
+                "run the agent with a delegated cgroup v2 subtree whose "
+                "cgroup.subtree_control enables memory (and pids)"
+            )
         raise WorkspaceFailedError(
-            f"{PROVIDER_ID}: running as root, where the kernel ignores RLIMIT_NPROC, and "
-            f"{failure}; run as a regular user, mount the cgroup pids controller, or set "
-            "limits={'processes': None} to accept no process limit",
+            f"{PROVIDER_ID}: the workspace's memory and process limits need a cgroup and "
+            f"{why}; {advice}, or set limits={{'memory_bytes': None}} (and, as root, "
+            "'processes': None) to run without them",
             provider_id=PROVIDER_ID,
         )
 
-    def _bwrap_facts(self, backend: BwrapBackend, cgroup: PidsCgroup | None) -> dict[str, Any]:
+    def _bwrap_facts(
+        self, backend: BwrapBackend, cgroup: WorkspaceCgroup | None, pids_in_cgroup: bool
+    ) -> dict[str, Any]:
+        memory = cgroup is not None and self._policy.limits.memory_bytes is not None
         return {
             "backend": "bubblewrap",
             "bwrap": backend.bwrap,
@@ -203,7 +257,10 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
             "seccomp_denied": dict(denied_syscalls()) if backend.seccomp_program else {},
             "nested_userns_disabled": backend.features.disable_userns,
             "tmpfs_size_limited": backend.features.tmpfs_size,
-            "process_limit": "pids cgroup" if cgroup else "RLIMIT_NPROC",
+            "process_limit": "pids cgroup" if pids_in_cgroup else "RLIMIT_NPROC",
+            "memory_limit": "memory cgroup" if memory else None,
+            "memory_swap_limited": bool(memory and cgroup and cgroup.swap_limited),
+            "cgroups": list(cgroup.paths) if cgroup else [],
             **self._policy_facts(),
         }
 
@@ -214,6 +271,12 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
             "protected_paths": [p.path for p in self._policy.protected_paths],
         }
 
+    def _quota(self, root: str, scratch: str) -> DiskQuota | None:
+        limit = self._policy.limits.disk_bytes
+        if limit is None:
+            return None
+        return DiskQuota(root, os.path.join(scratch, _OVER_QUOTA), limit)
+
     def _prepare_seatbelt(self, scratch: str) -> _Resources:
         if not os.access(SANDBOX_EXEC, os.X_OK):
             raise WorkspaceFailedError(
@@ -222,20 +285,28 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
             )
         home = os.environ.get("HOME") or _HOME_FALLBACK
         tmp = os.path.join(scratch, "tmp")
-        os.mkdir(tmp, 0o700)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(tmp, 0o700)
         wrapper = SeatbeltWrapper(self._policy, os.path.realpath(tmp), home)
         facts = {"backend": "seatbelt", "seccomp": False, **self._policy_facts()}
         return _Resources(wrapper, scratch, facts)
 
     def _guard(self, root: str, state_dir: str) -> PathGuard:
+        """Build a workspace's protected-path guard and run its check (blocking).
+
+        Runs at every open and resolve, and after every restore and branch:
+        whatever a dead process's command, a snapshot or the host left at a
+        protected path is judged before anything trusts it.
+        """
         guard = PathGuard(
             root,
             state_dir,
             self._policy.protected_paths,
             validators={".git/config": git_config_is_safe},
         )
-        for note in guard.start():
-            log.warning("%s", note.strip())
+        result = guard.check()
+        if not result.clean:
+            log.warning("a protected path of %s could not be made safe", root)
         return guard
 
     async def prepare_isolation(
@@ -243,8 +314,9 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
     ) -> Isolation:
         """Check the protected paths and, for a shell, build the sandbox (fails closed).
 
-        A process that died while a command ran may have left a planted file
-        at a protected path: it is quarantined here, before anything trusts it.
+        Whatever stands at a protected path and is not acceptable (a file a
+        dead process's command planted, say) is quarantined here, before
+        anything trusts it.
 
         Raises:
             WorkspaceFailedError: No usable sandbox backend; the message says
@@ -254,22 +326,35 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
         protected = self._policy.protected_paths
 
         def guard_fs(fs: FileSystem) -> FileSystem:
-            return ProtectedFileSystem(fs, protected)
+            resolver = getattr(fs, "resolver", "auto")
+            return ProtectedFileSystem(fs, protected, root=root, guard=guard, resolver=resolver)
+
+        def verify(new_root: str, new_state: str) -> None:
+            self._guard(new_root, new_state)
 
         if "shell" not in capabilities:
-            return Isolation(details={"backend": None}, decorate_fs=guard_fs)
-        resources = await anyio.to_thread.run_sync(self._prepare, guard)
+            return Isolation(details={"backend": None}, decorate_fs=guard_fs, after_extract=verify)
+        resources = await anyio.to_thread.run_sync(self._prepare, state_dir)
+        quota = self._quota(root, resources.scratch)
+        if quota is not None:
+            resources.facts["disk_quota_bytes"] = quota.limit
 
         async def cleanup() -> None:
             await anyio.to_thread.run_sync(resources.release)
 
         def guard_shell(shell: Shell) -> Shell:
-            return GuardedShell(shell, guard)
+            guarded: Shell = GuardedShell(shell, guard)
+            return guarded if quota is None else QuotaShell(guarded, quota)
+
+        def quota_fs(fs: FileSystem) -> FileSystem:
+            guarded = guard_fs(fs)
+            return guarded if quota is None else QuotaFileSystem(guarded, quota)
 
         return Isolation(
             wrapper=resources.wrapper,
             cleanup=cleanup,
             details=resources.facts,
             decorate_shell=guard_shell,
-            decorate_fs=guard_fs,
+            decorate_fs=quota_fs,
+            after_extract=verify,
         )

@@ -3,7 +3,9 @@
 The filter is a denylist in the spirit of Flatpak's: it refuses the
 syscalls used to leave a namespace sandbox, to regain privileges, or to
 spy on other processes, and lets everything else through (an allowlist
-would break arbitrary developer tools). Layout of ``struct seccomp_data``:
+would break arbitrary developer tools). It also refuses set-id *modes*
+(``chmod``/``open``/``mknod`` and friends with ``S_ISUID``/``S_ISGID``):
+the sandbox uid is the caller's host uid, which may be root. Layout of ``struct seccomp_data``:
 ``nr`` at 0, ``arch`` at 4, the instruction pointer at 8, ``args[i]`` at
 ``16 + 8*i`` (64-bit, little-endian on both supported architectures, so
 the low 32 bits are at ``16 + 8*i``).
@@ -75,6 +77,8 @@ class SeccompArch:
 
 
 _COMMON_NEW: Final = {
+    "openat2": 437,
+    "fchmodat2": 452,
     "io_uring_setup": 425,
     "io_uring_enter": 426,
     "io_uring_register": 427,
@@ -95,6 +99,14 @@ ARCHES: Final[Mapping[str, SeccompArch]] = {
         0xC000003E,
         {
             "ioctl": 16,
+            "open": 2,
+            "creat": 85,
+            "chmod": 90,
+            "fchmod": 91,
+            "mknod": 133,
+            "openat": 257,
+            "mknodat": 259,
+            "fchmodat": 268,
             "ptrace": 101,
             "personality": 135,
             "pivot_root": 155,
@@ -122,6 +134,10 @@ ARCHES: Final[Mapping[str, SeccompArch]] = {
         0xC00000B7,
         {
             "ioctl": 29,
+            "mknodat": 33,
+            "fchmod": 52,
+            "fchmodat": 53,
+            "openat": 56,
             "umount2": 39,
             "mount": 40,
             "pivot_root": 41,
@@ -170,9 +186,11 @@ _EPERM: Final = (
     "io_uring_register",
 )
 # ENOSYS makes libcs fall back: glibc retries clone3 as clone (whose flags we
-# can inspect, unlike clone3's, which live in user memory).
+# can inspect, unlike clone3's, which live in user memory); openat2's mode
+# lives in a struct too, and callers fall back to openat.
 _ENOSYS: Final = (
     "clone3",
+    "openat2",
     "open_tree",
     "open_tree_attr",
     "move_mount",
@@ -184,6 +202,26 @@ _ENOSYS: Final = (
 )
 
 
+# Set-id bits: the sandbox uid maps to the caller's host uid, which may be
+# root, so a set-id mode would leave a root setuid/setgid file on the host.
+_SETID: Final = 0o6000
+# O_CREAT, and __O_TMPFILE (same value on x86-64 and aarch64): the only opens
+# whose mode argument means anything (elsewhere it may be garbage).
+_OPEN_CREATES: Final = 0o100 | 0o20000000
+# name -> index of the mode argument, for calls that always take a mode.
+_MODE_ARG: Final = {
+    "chmod": 1,
+    "fchmod": 1,
+    "fchmodat": 2,
+    "fchmodat2": 2,
+    "creat": 1,
+    "mknod": 1,
+    "mknodat": 2,
+}
+# name -> (index of the flags argument, index of the mode argument).
+_OPEN_ARGS: Final = {"open": (1, 2), "openat": (2, 3)}
+
+
 def denied_syscalls() -> Mapping[str, str]:
     """Every syscall the filter touches and what it does to it, for docs and ``details()``."""
     out = dict.fromkeys(_EPERM, "EPERM")
@@ -191,6 +229,8 @@ def denied_syscalls() -> Mapping[str, str]:
     out["clone"] = "EPERM with namespace flags"
     out["ioctl"] = "EPERM for TIOCSTI, TIOCLINUX"
     out["personality"] = "EPERM except PER_LINUX, PER_LINUX32, query"
+    for name in (*_MODE_ARG, *_OPEN_ARGS):
+        out[name] = "EPERM with S_ISUID or S_ISGID in the mode"
     return out
 
 
@@ -273,5 +313,29 @@ def build_filter(arch: SeccompArch) -> bytes:
             _ret(_RET_ALLOW),
         ],
     )
+    for name, index in _MODE_ARG.items():
+        if name in nums:  # aarch64 has no chmod, creat, mknod
+            prog += guarded(
+                name,
+                [
+                    _insn(_LD_W_ABS, _arg_low(index)),
+                    _insn(_JSET_K, _SETID, jt=0, jf=1),
+                    _ret(_errno(errno.EPERM)),
+                    _ret(_RET_ALLOW),
+                ],
+            )
+    for name, (flags, mode) in _OPEN_ARGS.items():
+        if name in nums:  # aarch64 has only openat
+            prog += guarded(
+                name,
+                [
+                    _insn(_LD_W_ABS, _arg_low(flags)),
+                    _insn(_JSET_K, _OPEN_CREATES, jt=0, jf=3),
+                    _insn(_LD_W_ABS, _arg_low(mode)),
+                    _insn(_JSET_K, _SETID, jt=0, jf=1),
+                    _ret(_errno(errno.EPERM)),
+                    _ret(_RET_ALLOW),
+                ],
+            )
     prog.append(_ret(_RET_ALLOW))
     return b"".join(prog)
