@@ -8,6 +8,7 @@ it outside the rootdir's conftest.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from corral_conformance import ConformanceReport, RuleResult, check_kind
+from corral_conformance._rules import RULES, define
 
 pytest.importorskip("corral_memory", reason="the plugin tests run against corral-memory")
 
@@ -191,5 +193,91 @@ def test_report_table_and_verdict() -> None:
     table = report.format_table(width=80)
     assert all(len(line) <= 80 for line in table.splitlines())
     assert "b_rule" in table
-    assert "…" in table
+    assert "…" not in table
+    assert table.count("x") >= 300, "the failure reason was cut off"
     assert table.splitlines()[-1] == "demo: 1 passed, 1 failed, 1 skipped"
+
+
+def test_report_names_the_broken_sentence_and_keeps_reasons_whole() -> None:
+    rid = define("refs.demo_report", "demo source", "A demo sentence the provider broke.")
+    try:
+        _check_demo_report(rid)
+    finally:
+        RULES.pop(rid)  # keep the shared registry to the suite's own rules
+
+
+def _check_demo_report(rid: str) -> None:
+    reason = "AssertionError: first line\n" + "y" * 500
+    report = ConformanceReport(
+        "demo",
+        (
+            RuleResult("a_rule", "refs", "fail", reason, (rid,), 1.25),
+            RuleResult("b_rule", "refs", "pass", "", (rid,), 0.5),
+        ),
+        1,
+    )
+    table = report.format_table(width=70)
+    assert "A demo sentence the provider broke." in " ".join(table.split())
+    assert "refs.demo_report" in table
+    data = report.to_json()
+    json.dumps(data)  # plain JSON
+    assert data["provider"] == "demo"
+    assert data["ok"] is False
+    assert data["tests"][0]["reason"] == reason
+    assert data["tests"][0]["rules"] == [rid]
+    assert data["tests"][0]["duration_s"] == 1.25
+    assert data["rules"][rid]["status"] == "fail"
+    assert data["rules"][rid]["sentence"] == "A demo sentence the provider broke."
+    assert data["rules"][rid]["tests"] == ["a_rule", "b_rule"]
+    assert data["rules"][rid]["reasons"] == [reason]
+
+
+def test_cli_json_report(tmp_path: Path) -> None:
+    run = subprocess.run(
+        ["corral", "conformance", "in-memory", "--max-examples", "3", "--json", "--rule", "refs"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    data = json.loads(run.stdout)
+    assert data["provider"] == "in-memory"
+    assert data["ok"] is True
+    assert data["tests"], "no test ran"
+    assert all(t["group"] == "ref" for t in data["tests"]), "--rule refs selected other areas"
+    assert "refs.version.reject" in data["rules"]
+    version = data["rules"]["refs.version.reject"]
+    assert version["status"] == "pass"
+    assert "schema_version" in version["sentence"]
+    assert all(isinstance(t["duration_s"], float) for t in data["tests"])
+
+
+def test_cli_json_keeps_failure_reasons_whole(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [
+            "corral",
+            "conformance",
+            "in-memory",
+            "--max-examples",
+            "3",
+            "--json",
+            "--rule",
+            "fs_basic_semantics",
+            "--provider-options",
+            '{"max_file_bytes": 4}',
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    data = json.loads(run.stdout)
+    failed = [t for t in data["tests"] if t["status"] == "fail"]
+    assert [t["test"] for t in failed] == ["fs_basic_semantics"]
+    assert failed[0]["rules"], "the failure names no contract rule"
+    assert all(data["rules"][rid]["sentence"] for rid in failed[0]["rules"])
+    assert not failed[0]["reason"].endswith("…")

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ._model import FsModel, ModelError
     from ._reference import ReferenceProvider
     from ._report import ConformanceReport, ResultCollector, RuleResult
+    from ._rules import RULES, Rule, define, rule
     from ._suites import (
         AbstractFsTests,
         AbstractLifecycleTests,
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_MAX_EXAMPLES",
+    "RULES",
     "SUITE_PATH",
     "AbstractFsTests",
     "AbstractLifecycleTests",
@@ -50,11 +52,14 @@ __all__ = [
     "ProviderFixtures",
     "ReferenceProvider",
     "ResultCollector",
+    "Rule",
     "RuleResult",
     "Target",
     "check_kind",
     "check_provider",
+    "define",
     "dump_tree",
+    "rule",
     "run_suite",
 ]
 
@@ -74,6 +79,10 @@ _LAZY = {
     "ConformanceReport": "._report",
     "ResultCollector": "._report",
     "RuleResult": "._report",
+    "RULES": "._rules",
+    "Rule": "._rules",
+    "define": "._rules",
+    "rule": "._rules",
     "AbstractFsTests": "._suites",
     "AbstractLifecycleTests": "._suites",
     "AbstractProviderTests": "._suites",

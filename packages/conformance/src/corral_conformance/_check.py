@@ -87,6 +87,7 @@ def check_provider(
     provider_options: Mapping[str, Any] | None = None,
     host_dir: Callable[[Workspace], Path | None] | None = None,
     downgrade_ref: Callable[[WorkspaceRef], WorkspaceRef] | None = None,
+    data_paths: Callable[[Workspace], Sequence[Path]] | None = None,
     rules: Iterable[str] | None = None,
     max_examples: int = DEFAULT_MAX_EXAMPLES,
     backends: Sequence[str] = ("asyncio",),
@@ -106,7 +107,10 @@ def check_provider(
             canary and symlink rules (default: ``details()["host_dir"]``...).
         downgrade_ref: Makes a valid N-1 ref from a current one (default:
             restamp the version).
-        rules: Only these rules (names without ``test_``).
+        data_paths: Maps a workspace to the host paths holding its data,
+            checked gone after close (default: its host directory).
+        rules: Only these tests: names without ``test_``, rule ids or rule-id
+            prefixes (``refs``, ``refs.version``).
         max_examples: Hypothesis budget per property.
         backends: anyio backends to run on (``asyncio``, ``trio``).
         shrink: Shrink failing hypothesis examples (slower, clearer reports).
@@ -121,6 +125,7 @@ def check_provider(
         host_dir=host_dir or host_dir_from_details,
         downgrade_ref=downgrade_ref or _same_ref,
         backends=tuple(backends),
+        data_paths=data_paths,
     )
     provider_id = factory().provider_id
     return run_suite(
@@ -148,7 +153,8 @@ def check_kind(
     Args:
         kind: The provider kind (``ProviderSpec.kind``).
         factory_options: Keyword options for the provider's factory.
-        rules: Only these rules (names without ``test_``).
+        rules: Only these tests: names without ``test_``, rule ids or rule-id
+            prefixes (``refs``, ``refs.version``).
         max_examples: Hypothesis budget per property.
         backends: anyio backends to run on (``asyncio``, ``trio``).
         shrink: Shrink failing hypothesis examples (slower, clearer reports).
@@ -165,6 +171,8 @@ def check_kind(
         factory=lambda: spec.create(options),
         spec_capabilities=frozenset(spec.capabilities),
         backends=tuple(backends),
+        kind=kind,
+        factory_options=options,
     )
     return run_suite(
         target,

@@ -14,7 +14,7 @@ the others), and mix the result into the abstract test classes::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,41 @@ class ProviderFixtures:
         return lambda _ws: None
 
     @pytest.fixture
+    def provider_factory(self) -> Callable[[], WorkspaceProvider] | None:
+        """Builds a fresh, equivalent provider instance, as after a process restart.
+
+        Enables the rule that a ref resolves in another provider instance
+        (the provider holds no per-session state). The default None skips it.
+        """
+        return None
+
+    @pytest.fixture
+    def provider_entry_point(self) -> tuple[str, Mapping[str, Any]] | None:
+        """``(kind, factory options)`` to load the provider in another OS process.
+
+        Enables the rule that a ref resolves cleanly in another process; the
+        provider must then be installed as a corral plugin. Default None skips it.
+        """
+        return None
+
+    @pytest.fixture
+    def workspace_data_paths(
+        self, workspace_host_dir: Callable[[Workspace], Path | None]
+    ) -> Callable[[Workspace], Sequence[Path]]:
+        """Maps an open workspace to the host paths that hold its data.
+
+        The lifecycle rules check that they are gone after ``close`` (close
+        releases the workspace *and its data*). The default is the
+        workspace's host directory, when ``workspace_host_dir`` knows it.
+        """
+
+        def paths(ws: Workspace) -> Sequence[Path]:
+            where = workspace_host_dir(ws)
+            return [where] if where is not None else []
+
+        return paths
+
+    @pytest.fixture
     def downgrade_ref(self) -> Callable[[WorkspaceRef], WorkspaceRef]:
         """Turns a current ref into a valid ref of the previous version N-1.
 
@@ -81,6 +116,9 @@ class ProviderFixtures:
         provider_options: Mapping[str, Any],
         workspace_host_dir: Callable[[Workspace], Path | None],
         downgrade_ref: Callable[[WorkspaceRef], WorkspaceRef],
+        provider_factory: Callable[[], WorkspaceProvider] | None,
+        provider_entry_point: tuple[str, Mapping[str, Any]] | None,
+        workspace_data_paths: Callable[[Workspace], Sequence[Path]],
     ) -> Harness:
         """The harness every abstract test drives the provider through."""
         return Harness(
@@ -90,4 +128,7 @@ class ProviderFixtures:
             downgrade_ref=downgrade_ref,
             max_examples=conformance_max_examples,
             shrink=not request.config.getoption("corral_no_shrink", False),
+            factory=provider_factory,
+            entry_point=provider_entry_point,
+            data_paths=workspace_data_paths,
         )

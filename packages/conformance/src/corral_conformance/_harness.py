@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -22,12 +24,22 @@ from ._defaults import DEFAULT_MAX_EXAMPLES
 __all__ = ["DEFAULT_MAX_EXAMPLES", "Harness", "dump_tree"]
 
 
+_log = logging.getLogger("corral.conformance")
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
 
 def _no_host_dir(_ws: Workspace) -> Path | None:
     return None
+
+
+def _no_data_paths(_ws: Workspace) -> Sequence[Path]:
+    return ()
+
+
+def _ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true")
 
 
 def _same_ref(ref: WorkspaceRef) -> WorkspaceRef:
@@ -46,6 +58,13 @@ class Harness:
         max_examples: Hypothesis budget per property.
         shrink: Let hypothesis shrink a failing example (slower, clearer).
         op_timeout_s: A provider call slower than this fails the test.
+        factory: Builds another, fresh provider instance (as after a process
+            restart), or None when only the one instance is known.
+        entry_point: ``(kind, factory options)`` that load the provider in
+            another process through its plugin, or None (a provider given
+            directly cannot be loaded elsewhere).
+        data_paths: Host paths that hold a workspace's data (checked gone
+            after close); empty when the provider has none to inspect.
     """
 
     provider: corral.WorkspaceProvider
@@ -55,6 +74,10 @@ class Harness:
     max_examples: int = DEFAULT_MAX_EXAMPLES
     shrink: bool = True
     op_timeout_s: float = 60.0
+    factory: Callable[[], corral.WorkspaceProvider] | None = None
+    entry_point: tuple[str, Mapping[str, Any]] | None = None
+    data_paths: Callable[[Workspace], Sequence[Path]] = _no_data_paths
+    _handles: list[Workspace] = attrs.field(factory=list, init=False, repr=False)
 
     @property
     def kind(self) -> str:
@@ -93,6 +116,33 @@ class Harness:
         session = SessionRef(session_id or f"conformance-{secrets.token_hex(6)}", agent_id)
         return await self.call(self.provider.open, config or self.config(), session, declared)
 
+    async def resolve(
+        self, ref: WorkspaceRef, *, provider: corral.WorkspaceProvider | None = None
+    ) -> Workspace:
+        """Resolve a ref (by this or another provider) and remember the handle.
+
+        Every resolve may allocate (docker starts a container); :meth:`release`
+        closes the remembered handles so a run leaks nothing.
+        """
+        ws = await self.call((provider or self.provider).resolve, ref)
+        self._handles.append(ws)
+        return ws
+
+    async def release(self) -> None:
+        """Close every handle :meth:`resolve` returned, ignoring their errors.
+
+        They are second handles on workspaces the test closes itself; how a
+        second close of one workspace fails is not what these rules check.
+        """
+        with anyio.CancelScope(shield=True):
+            while self._handles:
+                handle = self._handles.pop()
+                try:
+                    with anyio.fail_after(self.op_timeout_s):
+                        await handle.close()
+                except Exception:  # cleanup only; see the docstring
+                    _log.debug("conformance: closing a resolved handle failed", exc_info=True)
+
     @asynccontextmanager
     async def session(
         self, *capabilities: str, declared: frozenset[str] | None = None
@@ -109,10 +159,17 @@ class Harness:
         finally:
             with anyio.CancelScope(shield=True):
                 await self.call(opened.workspace.close)
+                await self.release()
 
     def settings(self, **overrides: Any) -> hypothesis.settings:
-        """Hypothesis settings with the suite's budget and no example database."""
+        """Hypothesis settings with the suite's budget and no example database.
+
+        Under ``CI=true`` the draws are derandomised, as the repository's
+        conftest does, so a CI verdict never depends on a lucky draw (the
+        shipped suite runs without that conftest).
+        """
         base: dict[str, Any] = {
+            "derandomize": _ci(),
             "max_examples": self.max_examples,
             "deadline": None,
             "database": None,

@@ -8,7 +8,6 @@ other codes a correct provider may report instead.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator
 
 import attrs
@@ -73,8 +72,16 @@ class FsModel:
     root: Tree = attrs.field(factory=dict)
 
     def copy(self) -> FsModel:
-        """An independent deep copy (a snapshot)."""
-        return FsModel(copy.deepcopy(self.root))
+        """An independent deep copy (a snapshot); iterative, as trees nest ~2000 deep."""
+        root: Tree = dict(self.root)
+        stack = [root]
+        while stack:
+            directory = stack.pop()
+            for name, child in directory.items():
+                if isinstance(child, dict):
+                    directory[name] = twin = dict(child)
+                    stack.append(twin)
+        return FsModel(root)
 
     def _lookup(self, parts: tuple[str, ...]) -> Tree | bytes:
         node: Tree | bytes = self.root
@@ -152,9 +159,7 @@ class FsModel:
             text = node.decode("utf-8")
         except UnicodeDecodeError:
             raise ModelError(
-                f"{_join(parts)} is not UTF-8 text",
-                code="invalid_argument",
-                alternatives=frozenset({"unsupported_file_type", "failed"}),
+                f"{_join(parts)} is not UTF-8 text", code="unsupported_file_type"
             ) from None
         count = text.count(old_text)
         if count == 0:
@@ -189,10 +194,17 @@ class FsModel:
         node = self._lookup(parts)
         if isinstance(node, bytes):
             return
-        for name, child in sorted(node.items()):
-            yield (*parts, name), child
+        # Iterative (explicit stack of sorted listings): same order, any depth.
+        stack = [(parts, sorted(node.items(), reverse=True))]
+        while stack:
+            prefix, pending = stack[-1]
+            if not pending:
+                stack.pop()
+                continue
+            name, child = pending.pop()
+            yield (*prefix, name), child
             if isinstance(child, dict):
-                yield from self.walk((*parts, name))
+                stack.append(((*prefix, name), sorted(child.items(), reverse=True)))
 
     def glob(self, pattern: str, path: str = "/") -> list[str]:
         """Sorted agent paths under ``path`` whose relative path matches ``pattern``."""
@@ -251,9 +263,15 @@ class FsModel:
         return GrepResult(matches=tuple(matches), skipped_binary_paths=tuple(sorted(binary)))
 
     def grep(self, matcher: Matcher, options: GrepOptions) -> GrepResult:
-        """Matches sorted by path then line, cut at ``max_results``."""
-        full = self.grep_all(matcher, options)
+        """Matches sorted by path then line, cut at ``max_results``.
+
+        ``truncated`` is set exactly when more matching lines exist than
+        ``max_results``; a ``max_results`` below 1 is ``invalid_argument``.
+        """
         limit = options.max_results
+        if limit < 1:
+            raise ModelError("max_results must be at least 1", code="invalid_argument")
+        full = self.grep_all(matcher, options)
         return attrs.evolve(full, matches=full.matches[:limit], truncated=len(full.matches) > limit)
 
     def stat(self, path: str) -> FileStat:

@@ -36,7 +36,18 @@ def _configure(parser: argparse.ArgumentParser) -> None:
         choices=("asyncio", "trio"),
         help="anyio backend to run on; repeat for both (default asyncio)",
     )
-    parser.add_argument("--rule", action="append", help="run only this rule; repeatable")
+    parser.add_argument(
+        "--rule",
+        action="append",
+        help="run only this test name, contract rule id or rule-id prefix (refs, "
+        "refs.version); repeatable",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as JSON (per-test and per-rule status, full reasons, "
+        "rule sentences, durations)",
+    )
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="show pytest's progress and tracebacks"
     )
@@ -65,7 +76,10 @@ def _run(args: argparse.Namespace) -> int:
     except corral.ConfigError as exc:
         print(f"corral conformance: {exc}", file=sys.stderr)
         return 2
-    print(report.format_table(width=shutil.get_terminal_size((120, 24)).columns))
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
+    else:
+        print(report.format_table(width=shutil.get_terminal_size((120, 24)).columns))
     if not report.results:
         print("corral conformance: no rule ran", file=sys.stderr)
         return 1

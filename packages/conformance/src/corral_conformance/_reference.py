@@ -155,6 +155,12 @@ class _Snapshotter:
         return self._provider.ref_of(self._provider.new_state(seed))
 
 
+_STATES: dict[str, _State] = {}
+"""Every live reference workspace in this process, by id: process-wide, not on
+the instance, so a fresh instance (as after a restart) resolves another's refs
+and the provider object holds no per-session state."""
+
+
 class ReferenceProvider:
     """A correct in-process provider with ``fs`` and ``snapshot``.
 
@@ -166,7 +172,11 @@ class ReferenceProvider:
     def __init__(self, *, kind: str = _KIND, schema_version: int = 2) -> None:
         self._kind = kind
         self._version = schema_version
-        self._states: dict[str, _State] = {}
+
+    @property
+    def _states(self) -> dict[str, _State]:
+        """The process-wide index of live states (a view for subclasses, not instance state)."""
+        return _STATES
 
     @property
     def provider_id(self) -> str:
@@ -186,7 +196,7 @@ class ReferenceProvider:
     def new_state(self, model: FsModel | None = None) -> _State:
         """Register a fresh workspace state (used by ``open`` and ``branch``)."""
         state = _State(workspace_id=secrets.token_hex(16), model=model or FsModel())
-        self._states[state.workspace_id] = state
+        _STATES[state.workspace_id] = state
         return state
 
     def ref_of(self, state: _State) -> WorkspaceRef:
@@ -201,7 +211,7 @@ class ReferenceProvider:
     def _workspace(self, state: _State) -> corral.ModularWorkspace:
         async def on_close() -> None:
             state.closed = True
-            self._states.pop(state.workspace_id, None)
+            _STATES.pop(state.workspace_id, None)
 
         return corral.ModularWorkspace(
             state.workspace_id,
@@ -230,7 +240,7 @@ class ReferenceProvider:
         """Re-attach a live workspace of this provider."""
         corral.check_ref(ref, provider_id=self._kind, current=self._version)
         payload = corral.structure_payload(ref.payload, _Payload, provider_id=self._kind)
-        state = self._states.get(payload.workspace_id)
+        state = _STATES.get(payload.workspace_id)
         if state is None or state.closed:
             raise WorkspaceFailedError("the workspace is gone", provider_id=self._kind)
         return self._workspace(state)

@@ -6,7 +6,7 @@ and ``corral conformance`` do so); its name keeps it out of ordinary runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,35 @@ class TestConformance(AbstractProviderTests, ProviderFixtures):
         self, request: pytest.FixtureRequest
     ) -> Callable[[WorkspaceRef], WorkspaceRef]:
         return _target(request.config).downgrade_ref
+
+    @pytest.fixture
+    def provider_factory(
+        self, request: pytest.FixtureRequest
+    ) -> Callable[[], WorkspaceProvider] | None:
+        return _target(request.config).factory
+
+    @pytest.fixture
+    def provider_entry_point(
+        self, request: pytest.FixtureRequest
+    ) -> tuple[str, Mapping[str, Any]] | None:
+        target = _target(request.config)
+        return None if target.kind is None else (target.kind, dict(target.factory_options))
+
+    @pytest.fixture
+    def workspace_data_paths(
+        self,
+        request: pytest.FixtureRequest,
+        workspace_host_dir: Callable[[Workspace], Path | None],
+    ) -> Callable[[Workspace], Sequence[Path]]:
+        target = _target(request.config)
+        if target.data_paths is not None:
+            return target.data_paths
+
+        def paths(ws: Workspace) -> Sequence[Path]:
+            where = workspace_host_dir(ws)
+            return [where] if where is not None else []
+
+        return paths
 
     def test_spec_matches_provider(
         self, request: pytest.FixtureRequest, provider: WorkspaceProvider

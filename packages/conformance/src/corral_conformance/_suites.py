@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from ._tests_fs import AbstractFsTests
+from ._tests_lifecycle import AbstractLifecycleTests
 from ._tests_refs import AbstractRefTests
-from ._tests_sessions import AbstractLifecycleTests, AbstractSessionTests
+from ._tests_sessions import AbstractSessionTests
 from ._tests_shell import AbstractShellTests
 from ._tests_snapshot import AbstractSnapshotTests
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -41,6 +41,10 @@ class Target:
         downgrade_ref: Makes a valid N-1 ref from a current one.
         spec_capabilities: What the plugin's ProviderSpec advertises, if known.
         backends: anyio backends every async rule runs on.
+        kind: The plugin kind the provider was loaded by, if it was.
+        factory_options: The factory's keyword options (with ``kind``).
+        data_paths: Maps a workspace to the host paths holding its data
+            (None: its host directory).
     """
 
     factory: Callable[[], WorkspaceProvider]
@@ -49,6 +53,9 @@ class Target:
     downgrade_ref: Callable[[WorkspaceRef], WorkspaceRef] = _same_ref
     spec_capabilities: frozenset[str] | None = None
     backends: tuple[str, ...] = ("asyncio",)
+    kind: str | None = None
+    factory_options: Mapping[str, Any] = attrs.field(factory=dict)
+    data_paths: Callable[[Workspace], Sequence[Path]] | None = None
 
 
 TARGET_KEY: Final = pytest.StashKey[Target]()

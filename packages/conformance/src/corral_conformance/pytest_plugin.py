@@ -16,6 +16,7 @@ import corral
 
 from ._check import SUITE_PATH
 from ._harness import DEFAULT_MAX_EXAMPLES
+from ._rules import MARKER
 from ._target import TARGET_KEY, Target
 
 __all__ = ["pytest_addoption", "pytest_configure"]
@@ -71,7 +72,10 @@ def _factory_options(config: pytest.Config) -> dict[str, object]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """With ``--corral-provider``, select the provider and collect the shipped suite."""
+    """Register the rule marker; with ``--corral-provider``, select the provider and suite."""
+    config.addinivalue_line(
+        "markers", f"{MARKER}(*ids): the corral contract rules a conformance test checks"
+    )
     kind = config.getoption("corral_provider", None)
     backends = tuple(
         b.strip()
@@ -90,6 +94,8 @@ def pytest_configure(config: pytest.Config) -> None:
         factory=lambda: spec.create(options),
         spec_capabilities=frozenset(spec.capabilities),
         backends=backends,
+        kind=kind,
+        factory_options=options,
     )
     suite = str(SUITE_PATH)
     if config.args_source == pytest.Config.ArgsSource.ARGS:

@@ -85,7 +85,8 @@ class WorkspaceRef:
     Attributes:
         provider_id: The provider that made it.
         payload: JSON-compatible provider data; never live objects or secrets.
-        capabilities: Capabilities the provider populated (authoritative).
+        capabilities: Capabilities the provider populated (authoritative):
+            exactly the modules ``open`` built, also when ``declared`` was None.
         schema_version: Version of ``payload``'s shape (N±1 contract).
     """
 
@@ -158,7 +159,11 @@ class CommandRequest:
 
     The tool layer builds it from the model's arguments and the shell policy;
     shells enforce every field (posix-core's ShellGuard does so for the
-    POSIX providers).
+    POSIX providers). ``stdin`` is delivered exactly (None: empty stdin, EOF
+    at once); up to 64 KiB must be accepted, more may be refused with
+    ``invalid_argument`` or ``too_large`` but never silently cut. ``cwd`` is
+    an agent path (relative to the root when relative); outside the
+    workspace or missing is an ``OperationError``.
     """
 
     command: str
@@ -176,7 +181,12 @@ class ExecResult:
     """The outcome of a command or code run.
 
     ``exit_code`` is None when the process was killed by a signal (``signal``
-    then names it) or timed out (``timed_out``).
+    then names it) or timed out (``timed_out``); otherwise it is the exit
+    status as the OS reports it (0-255). ``stdout_truncated`` /
+    ``stderr_truncated`` are set exactly when that stream produced more than
+    ``max_output_bytes`` (output of exactly the cap is kept whole); a short
+    note (at most 200 bytes) may follow cut output. ``duration_ms`` is the
+    wall time in milliseconds.
     """
 
     exit_code: int | None

@@ -6,18 +6,23 @@ Paths are the agent's view of the workspace: ``/a/b.txt`` and ``a/b.txt``
 name the same file; ``..`` that would climb above the root is an
 ``OperationError(code="invalid_path")``, as are NUL bytes, empty components
 from malformed input and over-long paths (see :func:`corral.normalize_path`).
+Every name of 1 to 255 UTF-8 bytes without ``/`` or NUL (other than ``.`` and
+``..``) is legal; names are case-sensitive and kept exactly as given (no
+Unicode normalisation), and file contents are arbitrary bytes.
 
 FileSystem:
 
 * ``read_file``: missing -> ``not_found``; a directory -> ``is_a_directory``;
   not a regular file -> ``unsupported_file_type``; larger than ``max_bytes``
-  (when given) -> ``too_large``, decided before the content is read.
+  (when given) -> ``too_large``, decided before the content is read (a file
+  of exactly ``max_bytes`` is read whole).
 * ``write_file``: creates missing parent directories; a directory at the
   path -> ``is_a_directory``; a file where a parent should be ->
   ``not_a_directory``. Atomic: readers see the old or the new content.
 * ``edit_file``: replaces ``old_text`` with ``new_text`` in a UTF-8 file;
   absent -> ``no_match``; several and not ``replace_all`` -> ``not_unique``;
-  empty ``old_text`` -> ``invalid_argument``. Returns the count replaced.
+  empty ``old_text`` -> ``invalid_argument``; a file that is not UTF-8 ->
+  ``unsupported_file_type``. Returns the count replaced.
 * ``ls``: entries of a directory sorted by name; a file -> ``not_a_directory``.
 * ``glob``: files and directories under ``path`` whose path relative to it
   matches the pattern (``*``, ``?``, ``[...]`` within one component, ``**``
@@ -26,8 +31,9 @@ FileSystem:
   ``options.glob`` (matched against the basename, or the relative path when
   the glob holds a ``/``); files with a NUL byte in their first 8 KiB are
   reported in ``skipped_binary_paths``, unreadable or over-size files in
-  ``skipped_paths``; matches sorted by path then line; ``truncated`` when
-  ``max_results`` cut the list.
+  ``skipped_paths``; matches sorted by path then line; ``truncated`` exactly
+  when more matching lines exist than ``max_results`` (not when exactly
+  that many do); ``max_results`` below 1 -> ``invalid_argument``.
 * ``stat``: a leaf symlink is reported as ``symlink`` and not followed.
 * ``mkdir``: ``parents=False`` and a missing parent -> ``not_found``; the
   path exists -> ``exists`` unless ``parents=True`` and it is a directory.
@@ -117,7 +123,15 @@ class Shell(Protocol):
     async def run(self, request: CommandRequest) -> ExecResult:
         """Run one command, enforcing every limit in ``request``.
 
-        A command the policy refuses raises ``OperationError(code="policy_denied")``.
+        A command the policy refuses raises ``OperationError(code="policy_denied")``
+        before anything runs: the shell enforces the policy itself, not only the
+        tool layer -- a program not in ``allowed_commands`` (with shell syntax,
+        the program of any command in the line, after ``|``, ``&&``, ``||``,
+        ``;`` or a newline), or shell syntax while ``allow_shell_syntax`` is
+        False. A program that does not exist exits 127, one that cannot be
+        executed 126 (results, not exceptions). The command sees ``env``
+        exactly, on top of the provider's base environment, never the
+        variables of the process hosting the provider.
         A timeout is not an exception: the result has ``timed_out=True`` and the
         whole process tree has been killed.
         """
@@ -163,11 +177,18 @@ class Snapshotter(Protocol):
         ...
 
     async def list(self) -> Sequence[SnapshotInfo]:
-        """Snapshots of this workspace, oldest first."""
+        """Snapshots of this workspace, oldest first (the order they were taken).
+
+        Each is described as ``snapshot`` described it (id, label exactly as
+        given, ``created_at``); ``restore`` leaves the list unchanged.
+        """
         ...
 
     async def delete(self, snapshot_id: str) -> None:
-        """Remove a snapshot; an unknown id -> ``OperationError(code="not_found")``."""
+        """Remove a snapshot; an unknown id -> ``OperationError(code="not_found")``.
+
+        Unknown includes an id already deleted and another workspace's id.
+        """
         ...
 
     async def branch(self, snapshot_id: str) -> WorkspaceRef:
@@ -214,7 +235,12 @@ class Workspace(Protocol):
         ...
 
     async def close(self) -> None:
-        """Release the workspace and its data. Idempotent."""
+        """Release the workspace and its data. Idempotent.
+
+        Afterwards every method of every module raises
+        ``OperationError(code="closed")``, no handle reads the data back, and
+        ``resolve`` of the workspace's ref raises ``WorkspaceFailedError``.
+        """
         ...
 
 
@@ -228,7 +254,13 @@ class OpenedWorkspace:
 
 @runtime_checkable
 class WorkspaceProvider(Protocol):
-    """Creates and re-attaches workspaces; holds no per-session state."""
+    """Creates and re-attaches workspaces; holds no per-session state.
+
+    One instance serves every session: nothing one session sets (files,
+    environment, working directory, processes, snapshots) is observable from
+    another, and a fresh instance (as after a restart) resolves the refs of
+    another instance to the same workspace.
+    """
 
     @property
     def provider_id(self) -> str:
@@ -261,9 +293,16 @@ class WorkspaceProvider(Protocol):
     async def resolve(self, ref: WorkspaceRef) -> Workspace:
         """Re-attach a workspace from a persisted ref.
 
+        The workspace comes back with the same ``id``, its data, and at least
+        the modules ``ref.capabilities`` names. A ref is untrusted: a payload
+        that does not name a live workspace of this provider is refused, never
+        answered with a fresh empty workspace.
+
         Raises:
             WorkspaceFailedError: The ref is foreign, malformed, of an
-                unsupported version, or its workspace is gone.
+                unsupported version, or its workspace is gone (never
+                ``WorkspaceEvictedError``); the first three with
+                ``transient=False``.
         """
         ...
 

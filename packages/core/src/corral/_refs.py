@@ -165,11 +165,21 @@ def check_ref_schema_version(
 ) -> None:
     """Enforce the N±1 contract: accept None, ``current - 1`` and ``current``.
 
+    A version is an ``int`` and nothing else: ``True`` (an int subclass equal
+    to 1), ``2.0`` or ``"2"`` are refused like any other unsupported version.
+
     Raises:
         WorkspaceFailedError: Any other version; the message names the
             supported set.
     """
     supported = (current - 1, current) if current > 1 else (current,)
+    if version is not None and type(version) is not int:
+        names = ", ".join(str(v) for v in supported)
+        raise WorkspaceFailedError(
+            f"unsupported workspace ref schema_version (not an integer); {provider_id} "
+            f"supports None, {names}",
+            provider_id=provider_id,
+        )
     if version is None or version == current:
         return
     if version in supported:

@@ -145,7 +145,8 @@ class DockerShell:
             )
         signal = code - 128 if code is not None and 128 < code < 160 else None
         return ExecResult(
-            exit_code=code,
+            # The contract: killed by a signal -> exit_code None, signal names it.
+            exit_code=None if signal is not None else code,
             stdout=out.stdout.decode("utf-8", "replace"),
             stderr=out.stderr.decode("utf-8", "replace"),
             stdout_truncated=out.stdout_truncated,
