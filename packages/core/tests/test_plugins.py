@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any, Protocol
 
 import attrs
 import pytest
 
 import corral
-from corral import Capability, SessionRef, ToolSpec, WorkspaceRegistry, WorkspaceToolset
+import corral.testing
+from corral import (
+    Arg,
+    Capability,
+    SessionRef,
+    ToolEnv,
+    ToolSpec,
+    WorkspaceRegistry,
+    WorkspaceToolset,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -19,29 +28,51 @@ class GitPolicy:
     allow_push: bool = False
 
 
+class Git(Protocol):
+    """The module a git provider populates (as a third party would declare it)."""
+
+    async def commits(self, path: str | None) -> list[str]: ...
+
+
 class FakeGit:
     def __init__(self) -> None:
-        self.log: list[str] = ["initial commit"]
+        self.log: list[str] = ["initial commit", "add /src/a.py"]
 
-    async def commits(self) -> list[str]:
-        return list(self.log)
-
-
-async def _git_log(env: corral.ToolEnv, args: dict[str, Any]) -> Any:
-    git = await env.module("git")
-    return {"commits": await git.commits(), "allow_push": env.policy.allow_push}
+    async def commits(self, path: str | None) -> list[str]:
+        return [c for c in self.log if path is None or path in c]
 
 
-def git_tools(policy: GitPolicy) -> list[ToolSpec]:
-    schema = {"type": "object", "properties": {}, "additionalProperties": False}
-    return [ToolSpec("workspace_git_log", "Show the git log.", schema, _git_log, "git_log")]
+@attrs.frozen(kw_only=True)
+class GitLogArgs:
+    limit: Annotated[int, Arg("How many commits, newest first", minimum=1, maximum=100)] = 10
+    path: Annotated[str | None, Arg("Only commits touching this path", path=True)] = None
+
+
+async def _git_log(env: ToolEnv[GitPolicy, Git], args: GitLogArgs) -> dict[str, object]:
+    git = await env.module()
+    commits = (await git.commits(args.path))[: args.limit]
+    return {"commits": commits, "allow_push": env.policy.allow_push}
+
+
+def _render_log(data: dict[str, object]) -> str:
+    commits = data["commits"]
+    assert isinstance(commits, list)
+    return "\n".join(str(c) for c in commits) or "(no commits)"
+
+
+def git_tools(policy: GitPolicy) -> list[ToolSpec[GitPolicy, Git]]:
+    return [
+        ToolSpec("workspace_git_log", "Show the git log.", GitLogArgs, _git_log, render=_render_log)
+    ]
 
 
 class GitPlugin:
     """A third-party plugin: a capability, a provider that populates it, a command."""
 
     @corral.hookimpl
-    def corral_register_capabilities(self, register: Callable[[Capability], None]) -> None:
+    def corral_register_capabilities(
+        self, register: Callable[[Capability[Any, Any]], None]
+    ) -> None:
         register(Capability("git", GitPolicy, git_tools, summary="git history"))
 
     @corral.hookimpl
@@ -70,7 +101,29 @@ async def test_third_party_capability_adds_a_tool_without_touching_core() -> Non
     ) as ws:
         assert [t.name for t in ws.tools] == ["workspace_git_log"]
         result = await ws.call("workspace_git_log", {})
-    assert result.data == {"commits": ["initial commit"], "allow_push": True}
+        assert result.data == {"commits": ["initial commit", "add /src/a.py"], "allow_push": True}
+        assert result.content == "initial commit\nadd /src/a.py"
+        only = await ws.call("workspace_git_log", {"path": "src/./a.py", "limit": 5})
+        assert only.content == "add /src/a.py"
+        bad = await ws.call("workspace_git_log", {"limit": "5"})
+        assert bad.error_code == "invalid_argument"
+        assert bad.content == "argument 'limit': expected an integer"
+        (tool,) = ws.tools
+    assert tool.parameters == {
+        "type": "object",
+        "properties": {
+            "limit": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 100,
+                "description": "How many commits, newest first",
+                "default": 10,
+            },
+            "path": {"type": "string", "description": "Only commits touching this path"},
+        },
+        "required": [],
+        "additionalProperties": False,
+    }
 
 
 async def test_default_capabilities_are_what_the_provider_supports() -> None:
@@ -132,8 +185,8 @@ def test_a_broken_entry_point_is_recorded_not_fatal(monkeypatch: pytest.MonkeyPa
 
 
 def test_capability_tools_must_use_the_workspace_prefix() -> None:
-    def bad_tools(policy: Any) -> list[ToolSpec]:
-        return [ToolSpec("git_log", "x", {"type": "object"}, _git_log, "git_log")]
+    def bad_tools(policy: GitPolicy) -> list[ToolSpec[GitPolicy, Git]]:
+        return [ToolSpec("git_log", "x", GitLogArgs, _git_log)]
 
     class Bad:
         @corral.hookimpl
@@ -145,3 +198,104 @@ def test_capability_tools_must_use_the_workspace_prefix() -> None:
     registry = WorkspaceRegistry(config, SessionRef("s"), GitProvider())
     with pytest.raises(corral.ConfigError, match="must start with workspace_"):
         WorkspaceToolset(registry, plugins.capabilities)
+
+
+# -- the narrow environment: session control only on request, renderers per tool -----
+
+
+@attrs.frozen
+class NoArgs:
+    pass
+
+
+def _plugin(*specs: ToolSpec[GitPolicy, Git], controls_session: bool = False) -> Any:
+    class Plugin:
+        @corral.hookimpl
+        def corral_register_capabilities(self, register: Any) -> None:
+            register(
+                Capability("git", GitPolicy, lambda p: specs, controls_session=controls_session)
+            )
+
+        @corral.hookimpl
+        def corral_register_providers(self, register: Any) -> None:
+            register(corral.ProviderSpec("git-host", GitProvider, {"git"}, summary="test"))
+
+    return corral.load_plugins([Plugin()], entrypoints=False)
+
+
+async def test_tool_env_exposes_no_registry() -> None:
+    seen: list[object] = []
+
+    async def grab(env: ToolEnv[GitPolicy, Git], args: NoArgs) -> str:
+        seen.append(env)
+        return "ok"
+
+    plugins = _plugin(ToolSpec("workspace_grab", "x", NoArgs, grab))
+    async with corral.open_workspace("git-host", {"git": True}, plugins=plugins) as ws:
+        assert (await ws.call("workspace_grab", {})).content == "ok"
+    (env,) = seen
+    for name in ("registry", "close", "reset", "swap_ref", "aclose"):
+        assert not hasattr(env, name), name
+
+
+async def test_session_control_is_refused_unless_the_capability_asks(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def sneaky(env: ToolEnv[GitPolicy, Git], args: NoArgs) -> str:
+        await env.session.adopt(corral.WorkspaceRef("git-host", {}, {"git"}, 1))
+        return "swapped"
+
+    plugins = _plugin(ToolSpec("workspace_sneaky", "x", NoArgs, sneaky))
+    async with corral.open_workspace("git-host", {"git": True}, plugins=plugins) as ws:
+        result = await ws.call("workspace_sneaky", {})
+    assert result.error_code == "internal"
+    assert "controls_session=True" in caplog.text
+
+
+async def test_session_control_emits_only_lifecycle_hooks() -> None:
+    async def emit(env: ToolEnv[GitPolicy, Git], args: NoArgs) -> str:
+        env.session.emit("on_snapshot", status="git", detail={"k": "v"})
+        env.session.emit("close")
+        return "unreachable"
+
+    hooks = corral.testing.RecordingHooks()
+    plugins = _plugin(ToolSpec("workspace_emit", "x", NoArgs, emit), controls_session=True)
+    async with corral.open_workspace(
+        "git-host", {"git": True}, plugins=plugins, hooks=[hooks]
+    ) as ws:
+        result = await ws.call("workspace_emit", {})
+    assert result.error_code == "internal"
+    assert [e.status for e in hooks.events if e.hook == "on_snapshot"] == ["git"]
+
+
+async def test_renderer_belongs_to_the_tool_not_the_toolset() -> None:
+    # The shape read_file returns, from another tool: the generic renderer must
+    # not treat it as file content.
+    lookalike = {"encoding": "utf-8", "content": "hello", "truncated": False}
+
+    async def look(env: ToolEnv[GitPolicy, Git], args: NoArgs) -> dict[str, object]:
+        return lookalike
+
+    plugins = _plugin(
+        ToolSpec("workspace_look", "x", NoArgs, look),
+        ToolSpec("workspace_shout", "x", NoArgs, look, render=lambda d: str(d["content"]).upper()),
+    )
+    async with corral.open_workspace("git-host", {"git": True}, plugins=plugins) as ws:
+        plain = await ws.call("workspace_look", {})
+        shouted = await ws.call("workspace_shout", {})
+    assert plain.content == '{"encoding": "utf-8", "content": "hello", "truncated": false}'
+    assert shouted.content == "HELLO"
+    assert plain.data == shouted.data == lookalike
+
+
+async def test_snapshot_restore_and_branch_switch_the_session() -> None:
+    async with corral.open_workspace("in-memory", {"fs": True, "snapshot": True}) as ws:
+        await ws.call("workspace_write_file", {"path": "/a", "content": "one"})
+        snap = (await ws.call("workspace_snapshot", {"label": "v1"})).data["snapshot_id"]
+        await ws.call("workspace_write_file", {"path": "/a", "content": "two"})
+        restored = await ws.call("workspace_restore", {"snapshot_id": snap})
+        assert not restored.is_error, restored.content
+        assert (await ws.call("workspace_read_file", {"path": "/a"})).content == "one"
+        before = (await ws.workspace()).id
+        branched = await ws.call("workspace_branch", {"snapshot_id": snap})
+        assert branched.data["workspace_id"] == (await ws.workspace()).id != before

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+import types
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -111,3 +113,51 @@ def test_quick_example_from_the_readme(capsys: pytest.CaptureFixture[str]) -> No
     code = next(b for b in blocks() if "anyio.run(main)" in b)
     exec(compile(code, str(README), "exec"), {})
     assert capsys.readouterr().out.splitlines() == ["hi", "10"]
+
+
+CORE_README = Path(__file__).parents[1] / "README.md"
+
+
+def capability_example() -> Any:
+    """The capability-author example of packages/core/README.md, as a real module
+    (argument classes resolve their annotations through their module)."""
+    code = next(
+        b
+        for b in re.findall(r"```python\n(.*?)```", CORE_README.read_text(), flags=re.DOTALL)
+        if b.startswith("# A third-party capability")
+    )
+    module = types.ModuleType("corral_readme_capability")
+    sys.modules[module.__name__] = module
+    exec(compile(code, str(CORE_README), "exec"), module.__dict__)
+    return module
+
+
+async def test_capability_example_from_the_core_readme() -> None:
+    import corral
+
+    example = capability_example()
+    await example.test_git_log()
+
+    class GitProvider:
+        provider_id = "git-host"
+        capabilities = frozenset({"git"})
+        schema_version = 1
+
+        async def open(self, config: Any, session: Any, declared: Any = None) -> Any:
+            ws = corral.ModularWorkspace("g1", extra_modules={"git": example.FakeGit()})
+            return corral.OpenedWorkspace(ws, corral.WorkspaceRef("git-host", {}, {"git"}, 1))
+
+        async def resolve(self, ref: corral.WorkspaceRef) -> Any:
+            raise corral.WorkspaceFailedError("not resumable")
+
+    plugins = corral.load_plugins([example.GitPlugin()], entrypoints=False)
+    async with corral.open_workspace(
+        GitProvider(), {"git": {"max_commits": 5}}, plugins=plugins
+    ) as ws:
+        result = await ws.call("workspace_git_log", {"limit": 1, "path": "docs/../README"})
+        bad = await ws.call("workspace_git_log", {"limit": 0})
+        (tool,) = ws.tools
+    assert result.content == "add README"
+    assert result.data == ["add README"]
+    assert bad.content == "argument 'limit': must be at least 1"
+    assert tool.parameters["properties"]["limit"]["description"] == "How many commits, newest first"

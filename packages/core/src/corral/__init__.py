@@ -75,10 +75,10 @@ from ._regex import (
     looks_catastrophic,
 )
 from ._registry import RegistrySnapshot, RegistryState, ScopedWorkspace, WorkspaceRegistry
-from ._schema import validate_arguments
+from ._schema import Arg, ArgsSchema, WorkspacePath, args_schema
 from ._session import WorkspaceSession, default_plugins, default_provider_kind, open_workspace
 from ._store import RefStore, StoredSession
-from ._tool import Tool, ToolEnv, ToolHandler, ToolResult, ToolSpec
+from ._tool import SessionControl, Tool, ToolEnv, ToolHandler, ToolRenderer, ToolResult, ToolSpec
 from ._toolset import ResultFilter, WorkspaceToolset
 from ._workspace import ModularWorkspace, ensure_open
 from .hookspecs import hookimpl, hookspec
@@ -87,6 +87,8 @@ __all__ = [
     "BINARY_SNIFF_BYTES",
     "BLOCK_ENV",
     "RESERVED_PREFIXES",
+    "Arg",
+    "ArgsSchema",
     "Capability",
     "CliCommand",
     "CodeInterpreter",
@@ -121,6 +123,7 @@ __all__ = [
     "ResultFilter",
     "ScopedWorkspace",
     "ScriptPolicy",
+    "SessionControl",
     "SessionRef",
     "Shell",
     "ShellPolicy",
@@ -132,6 +135,7 @@ __all__ = [
     "ToolCaller",
     "ToolEnv",
     "ToolHandler",
+    "ToolRenderer",
     "ToolResult",
     "ToolSpec",
     "UsageRecorder",
@@ -142,6 +146,7 @@ __all__ = [
     "WorkspaceEvictedError",
     "WorkspaceFailedError",
     "WorkspaceMetrics",
+    "WorkspacePath",
     "WorkspaceProvider",
     "WorkspaceRef",
     "WorkspaceRegistry",
@@ -149,6 +154,7 @@ __all__ = [
     "WorkspaceToolset",
     "anthropic_tool_results",
     "apply_edit",
+    "args_schema",
     "bytes_searcher",
     "check_ref",
     "check_ref_schema_version",
@@ -175,5 +181,4 @@ __all__ = [
     "ref_to_json",
     "structure_payload",
     "unstructure_payload",
-    "validate_arguments",
 ]

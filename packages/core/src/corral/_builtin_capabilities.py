@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ._capabilities import Capability
+from ._capabilities import AnyCapability, Capability
 from ._exec_tools import code_tools, script_tools, shell_tools, snapshot_tools
 from ._fs_tools import fs_tools
 from ._policies import CodePolicy, FsPolicy, ScriptPolicy, ShellPolicy, SnapshotPolicy
@@ -12,20 +12,27 @@ from .hookspecs import hookimpl
 
 __all__ = ["BUILTIN_CAPABILITIES", "BuiltinCapabilities"]
 
-BUILTIN_CAPABILITIES = (
-    Capability("fs", FsPolicy, fs_tools, summary="read, write, edit, list, glob, grep files"),
-    Capability("shell", ShellPolicy, shell_tools, summary="run commands"),
-    Capability("code", CodePolicy, code_tools, summary="run code snippets, optionally stateful"),
-    Capability("script", ScriptPolicy, script_tools, summary="ephemeral stateless scripts"),
-    Capability("snapshot", SnapshotPolicy, snapshot_tools, summary="snapshot, restore, branch"),
+FS = Capability("fs", FsPolicy, fs_tools, summary="read, write, edit, list, glob, grep files")
+SHELL = Capability("shell", ShellPolicy, shell_tools, summary="run commands")
+CODE = Capability("code", CodePolicy, code_tools, summary="run code snippets, optionally stateful")
+SCRIPT = Capability("script", ScriptPolicy, script_tools, summary="ephemeral stateless scripts")
+SNAPSHOT = Capability(
+    "snapshot",
+    SnapshotPolicy,
+    snapshot_tools,
+    summary="snapshot, restore, branch",
+    # restore and branch move the session to the workspace the snapshot module returns
+    controls_session=True,
 )
+
+BUILTIN_CAPABILITIES: tuple[AnyCapability, ...] = (FS, SHELL, CODE, SCRIPT, SNAPSHOT)
 
 
 class BuiltinCapabilities:
     """The plugin object core registers first in every plugin set."""
 
     @hookimpl
-    def corral_register_capabilities(self, register: Callable[[Capability], None]) -> None:
+    def corral_register_capabilities(self, register: Callable[[AnyCapability], None]) -> None:
         """Register fs, shell, code, script and snapshot."""
         for capability in BUILTIN_CAPABILITIES:
             register(capability)

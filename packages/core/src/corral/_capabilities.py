@@ -3,22 +3,31 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeAlias, TypeVar
 
 import attrs
+from attrs import AttrsInstance
 
 from ._errors import ConfigError
 from ._refs import converter
 from ._tool import ToolSpec
 
-__all__ = ["RESERVED_PREFIXES", "Capability", "check_user_tool_name"]
+__all__ = ["RESERVED_PREFIXES", "AnyCapability", "Capability", "check_user_tool_name"]
 
 RESERVED_PREFIXES: Final = ("workspace_", "companion__")
 
+PolicyT = TypeVar("PolicyT", bound=AttrsInstance)
+ModuleT = TypeVar("ModuleT")
+
 
 @attrs.frozen
-class Capability:
-    """A capability as a plugin registers it.
+class Capability(Generic[PolicyT, ModuleT]):
+    """A capability as a plugin registers it, generic in its policy and module types.
+
+    ``Capability("git", GitPolicy, git_tools, module="git")`` is a
+    ``Capability[GitPolicy, Git]`` when ``git_tools`` returns
+    ``list[ToolSpec[GitPolicy, Git]]``: the type checker ties the policy
+    class, the module every handler gets and the handlers together.
 
     Attributes:
         name: Key in ``WorkspaceConfig.capabilities`` (``fs``, ``git``...).
@@ -27,19 +36,23 @@ class Capability:
         module: Workspace module the tools need (defaults to ``name``); the
             registry refuses a workspace that lacks it.
         summary: One line for ``corral providers`` and docs.
+        controls_session: The tools may switch the session to another
+            workspace of the same provider (``env.session``); only capabilities
+            that must (snapshot restore and branch) should ask.
     """
 
     name: str
-    policy_type: type[Any]
-    tools: Callable[[Any], Sequence[ToolSpec]] = attrs.field(repr=False)
+    policy_type: type[PolicyT]
+    tools: Callable[[PolicyT], Sequence[ToolSpec[PolicyT, ModuleT]]] = attrs.field(repr=False)
     module: str = attrs.field()
     summary: str = ""
+    controls_session: bool = False
 
     @module.default
     def _module_default(self) -> str:
         return self.name
 
-    def parse_policy(self, value: Any) -> Any:
+    def parse_policy(self, value: object) -> PolicyT:
         """Turn ``True`` or a mapping of options into a policy object.
 
         Raises:
@@ -52,7 +65,7 @@ class Capability:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: expected true or an object of options")
         fields = {f.name: f for f in attrs.fields(attrs.resolve_types(self.policy_type))}
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, object] = {}
         for key, raw in value.items():
             if not isinstance(key, str) or key not in fields:
                 shown = key if isinstance(key, str) and len(key) <= 64 else "?"
@@ -70,7 +83,14 @@ class Capability:
             raise ConfigError(f"{where}: {exc}") from None
 
 
-def _type_name(tp: Any) -> str:
+AnyCapability: TypeAlias = "Capability[Any, Any]"
+"""A capability of any policy and module type, as plugin sets hold them side by side.
+
+Code that works on one capability stays generic (``def f(cap: Capability[P, M])``).
+"""
+
+
+def _type_name(tp: object) -> str:
     text = getattr(tp, "__name__", None) or str(tp)
     return text.replace("typing.", "").replace("collections.abc.", "")
 

@@ -4,24 +4,34 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Any, Final
+from typing import Annotated, Final
+
+import attrs
 
 from ._data import CommandRequest, ExecResult, SnapshotInfo
 from ._errors import OperationError
-from ._paths import normalize_path
 from ._policies import CodePolicy, ScriptPolicy, ShellPolicy, SnapshotPolicy
+from ._protocols import CodeInterpreter, Shell, Snapshotter
+from ._schema import Arg
 from ._tool import ToolEnv, ToolSpec
-from ._tool import object_schema as _schema
 
-__all__ = ["code_tools", "script_tools", "shell_tools", "snapshot_tools"]
+__all__ = ["code_tools", "exec_data", "script_tools", "shell_tools", "snapshot_tools"]
 
 _ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
-_ID = {"type": "string", "minLength": 1, "maxLength": 200}
 MAX_COMMAND_CHARS: Final = 100_000
 MAX_CODE_CHARS: Final = 1_000_000
 
+Data = dict[str, object]
+Code = Annotated[str, Arg("Source code to run", min_length=1, max_length=MAX_CODE_CHARS)]
+ContextId = Annotated[
+    str, Arg("A context_id from workspace_create_code_context", min_length=1, max_length=200)
+]
+SnapshotId = Annotated[
+    str, Arg("A snapshot_id from workspace_snapshot", min_length=1, max_length=200)
+]
 
-def exec_data(result: ExecResult) -> dict[str, Any]:
+
+def exec_data(result: ExecResult) -> Data:
     """The JSON shape of an :class:`ExecResult` for the model."""
     return {
         "exit_code": result.exit_code,
@@ -33,6 +43,30 @@ def exec_data(result: ExecResult) -> dict[str, Any]:
         "signal": result.signal,
         "duration_ms": round(result.duration_ms, 3),
     }
+
+
+# -- shell ------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class RunArgs:
+    """``workspace_run``."""
+
+    command: Annotated[
+        str, Arg("The command line to run", min_length=1, max_length=MAX_COMMAND_CHARS)
+    ]
+    cwd: Annotated[
+        str | None,
+        Arg("Working directory in the workspace (default /)", max_length=4096, path=True),
+    ] = None
+    timeout_s: Annotated[
+        float | None, Arg("Timeout in seconds (default and ceiling: the policy's)", minimum=0.001)
+    ] = None
+    env: Annotated[
+        dict[str, Annotated[str, Arg(max_length=32768)]],
+        Arg("Extra environment variables for this command"),
+    ] = attrs.field(factory=dict)
+    stdin: Annotated[str | None, Arg("Text fed to standard input", max_length=10_000_000)] = None
 
 
 def _precheck_allowlist(command: str, policy: ShellPolicy) -> None:
@@ -53,41 +87,38 @@ def _precheck_allowlist(command: str, policy: ShellPolicy) -> None:
         )
 
 
-async def _run(env: ToolEnv, args: dict[str, Any]) -> Any:
-    policy: ShellPolicy = env.policy
-    command: str = args["command"]
-    if not command.strip():
+async def _run(env: ToolEnv[ShellPolicy, Shell], args: RunArgs) -> Data:
+    policy = env.policy
+    if not args.command.strip():
         raise OperationError("argument 'command': must not be empty", code="invalid_argument")
-    timeout = float(args.get("timeout_s", policy.timeout_s))
+    timeout = args.timeout_s if args.timeout_s is not None else policy.timeout_s
     if timeout > policy.timeout_s:
         raise OperationError(
             f"argument 'timeout_s': must be at most {policy.timeout_s:g} (the policy's limit)",
             code="invalid_argument",
         )
-    extra_env: dict[str, str] = args.get("env", {})
-    for name in extra_env:
+    for name in args.env:
         if not _ENV_NAME.match(name):
             raise OperationError(
                 "argument 'env': variable names must match [A-Za-z_][A-Za-z0-9_]*",
                 code="invalid_argument",
             )
-    _precheck_allowlist(command, policy)
-    cwd = args.get("cwd")
+    _precheck_allowlist(args.command, policy)
     request = CommandRequest(
-        command=command,
-        cwd=normalize_path(cwd) if cwd is not None else None,
+        command=args.command,
+        cwd=args.cwd,
         timeout_s=timeout,
-        env={**policy.env, **extra_env},
-        stdin=args.get("stdin"),
+        env={**policy.env, **args.env},
+        stdin=args.stdin,
         max_output_bytes=policy.max_output_bytes,
         allowed_commands=policy.allowed_commands,
         allow_shell_syntax=policy.allow_shell_syntax,
     )
-    shell = await env.module("shell")
+    shell = await env.module()
     return exec_data(await shell.run(request))
 
 
-def shell_tools(policy: ShellPolicy) -> list[ToolSpec]:
+def shell_tools(policy: ShellPolicy) -> list[ToolSpec[ShellPolicy, Shell]]:
     """``workspace_run``."""
     syntax = (
         "Shell syntax (pipes, redirects, globs) is allowed."
@@ -105,23 +136,46 @@ def shell_tools(policy: ShellPolicy) -> list[ToolSpec]:
             f"Run a command in the workspace and return exit code, stdout and stderr. {syntax}"
             f"{allowed} Timeout at most {policy.timeout_s:g}s; output capped at "
             f"{policy.max_output_bytes} bytes per stream.",
-            _schema(
-                {
-                    "command": {"type": "string", "minLength": 1, "maxLength": MAX_COMMAND_CHARS},
-                    "cwd": {"type": "string", "maxLength": 4096},
-                    "timeout_s": {"type": "number", "minimum": 0.001},
-                    "env": {
-                        "type": "object",
-                        "additionalProperties": {"type": "string", "maxLength": 32768},
-                    },
-                    "stdin": {"type": "string", "maxLength": 10_000_000},
-                },
-                ["command"],
-            ),
+            RunArgs,
             _run,
-            "run",
         )
     ]
+
+
+# -- code -------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class RunCodeArgs:
+    """``workspace_run_code``; ``language`` is narrowed to the policy's languages."""
+
+    language: Annotated[str, Arg("Language of the snippet")]
+    code: Code
+
+
+@attrs.frozen(kw_only=True)
+class CreateContextArgs:
+    """``workspace_create_code_context``."""
+
+    language: Annotated[str, Arg("Language of the context")]
+
+
+@attrs.frozen(kw_only=True)
+class RunInContextArgs:
+    """``workspace_run_in_code_context``."""
+
+    context_id: ContextId
+    code: Code
+
+
+@attrs.frozen(kw_only=True)
+class ContextArgs:
+    """``workspace_delete_code_context``."""
+
+    context_id: ContextId
+
+
+CodeEnv = ToolEnv[CodePolicy, CodeInterpreter]
 
 
 def _check_language(language: str, allowed: tuple[str, ...]) -> None:
@@ -134,48 +188,43 @@ def _check_language(language: str, allowed: tuple[str, ...]) -> None:
         )
 
 
-async def _run_code(env: ToolEnv, args: dict[str, Any]) -> Any:
-    policy: CodePolicy = env.policy
-    _check_language(args["language"], policy.languages)
-    code = await env.module("code")
+async def _run_code(env: CodeEnv, args: RunCodeArgs) -> Data:
+    policy = env.policy
+    _check_language(args.language, policy.languages)
+    code = await env.module()
+    return exec_data(await code.run_code(args.language, args.code, timeout_s=policy.timeout_s))
+
+
+async def _create_context(env: CodeEnv, args: CreateContextArgs) -> Data:
+    _check_language(args.language, env.policy.languages)
+    code = await env.module()
+    return {"context_id": await code.create_context(args.language)}
+
+
+async def _run_in_context(env: CodeEnv, args: RunInContextArgs) -> Data:
+    code = await env.module()
     return exec_data(
-        await code.run_code(args["language"], args["code"], timeout_s=policy.timeout_s)
+        await code.run_in_context(args.context_id, args.code, timeout_s=env.policy.timeout_s)
     )
 
 
-async def _create_context(env: ToolEnv, args: dict[str, Any]) -> Any:
-    policy: CodePolicy = env.policy
-    _check_language(args["language"], policy.languages)
-    code = await env.module("code")
-    return {"context_id": await code.create_context(args["language"])}
+async def _delete_context(env: CodeEnv, args: ContextArgs) -> Data:
+    code = await env.module()
+    await code.delete_context(args.context_id)
+    return {"context_id": args.context_id, "deleted": True}
 
 
-async def _run_in_context(env: ToolEnv, args: dict[str, Any]) -> Any:
-    policy: CodePolicy = env.policy
-    code = await env.module("code")
-    return exec_data(
-        await code.run_in_context(args["context_id"], args["code"], timeout_s=policy.timeout_s)
-    )
-
-
-async def _delete_context(env: ToolEnv, args: dict[str, Any]) -> Any:
-    code = await env.module("code")
-    await code.delete_context(args["context_id"])
-    return {"context_id": args["context_id"], "deleted": True}
-
-
-def code_tools(policy: CodePolicy) -> list[ToolSpec]:
+def code_tools(policy: CodePolicy) -> list[ToolSpec[CodePolicy, CodeInterpreter]]:
     """``workspace_run_code`` and, when stateful, the three context tools."""
-    lang = {"type": "string", "enum": list(policy.languages)}
-    code = {"type": "string", "minLength": 1, "maxLength": MAX_CODE_CHARS}
-    tools = [
+    languages = {"language": Arg(choices=policy.languages)}
+    tools: list[ToolSpec[CodePolicy, CodeInterpreter]] = [
         ToolSpec(
             "workspace_run_code",
             f"Run a code snippet in a fresh interpreter ({', '.join(policy.languages)}); "
             "returns exit code, stdout and stderr.",
-            _schema({"language": lang, "code": code}, ["language", "code"]),
+            RunCodeArgs,
             _run_code,
-            "run_code",
+            refine=languages,
         )
     ]
     if policy.is_stateful:
@@ -183,65 +232,96 @@ def code_tools(policy: CodePolicy) -> list[ToolSpec]:
             ToolSpec(
                 "workspace_create_code_context",
                 "Start a stateful interpreter context; variables persist across runs in it.",
-                _schema({"language": lang}, ["language"]),
+                CreateContextArgs,
                 _create_context,
-                "create_code_context",
+                refine=languages,
             ),
             ToolSpec(
                 "workspace_run_in_code_context",
                 "Run code in an existing context created by workspace_create_code_context.",
-                _schema({"context_id": _ID, "code": code}, ["context_id", "code"]),
+                RunInContextArgs,
                 _run_in_context,
-                "run_in_code_context",
             ),
             ToolSpec(
                 "workspace_delete_code_context",
                 "Discard a code context.",
-                _schema({"context_id": _ID}, ["context_id"]),
+                ContextArgs,
                 _delete_context,
-                "delete_code_context",
             ),
         ]
     return tools
 
 
-async def _script(env: ToolEnv, args: dict[str, Any]) -> Any:
-    policy: ScriptPolicy = env.policy
-    timeout_ms = args.get("timeout_ms", policy.max_duration_ms)
+# -- script -----------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ScriptArgs:
+    """``workspace_script``."""
+
+    code: Code
+    language: Annotated[
+        str | None, Arg("Language (default: the runner's first)", max_length=32)
+    ] = None
+    timeout_ms: Annotated[
+        int | None, Arg("Timeout in ms (default and ceiling: the policy's)", minimum=1)
+    ] = None
+
+
+async def _script(env: ToolEnv[ScriptPolicy, CodeInterpreter], args: ScriptArgs) -> Data:
+    policy = env.policy
+    timeout_ms = args.timeout_ms if args.timeout_ms is not None else policy.max_duration_ms
     if timeout_ms > policy.max_duration_ms:
         raise OperationError(
             f"argument 'timeout_ms': must be at most {policy.max_duration_ms}",
             code="invalid_argument",
         )
-    runner = await env.module("script")
-    language = args.get("language") or next(iter(sorted(runner.languages)), "javascript")
+    runner = await env.module()
+    language = args.language or next(iter(sorted(runner.languages)), "javascript")
     if language not in runner.languages:
         raise OperationError("language is not supported by the script runner", code="policy_denied")
-    return exec_data(await runner.run_code(language, args["code"], timeout_s=timeout_ms / 1000))
+    return exec_data(await runner.run_code(language, args.code, timeout_s=timeout_ms / 1000))
 
 
-def script_tools(policy: ScriptPolicy) -> list[ToolSpec]:
+def script_tools(policy: ScriptPolicy) -> list[ToolSpec[ScriptPolicy, CodeInterpreter]]:
     """``workspace_script``: one stateless snippet in the ephemeral runner."""
     return [
         ToolSpec(
             "workspace_script",
             "Run a short stateless script in an ephemeral isolate "
             f"(network {policy.network}, at most {policy.max_duration_ms} ms).",
-            _schema(
-                {
-                    "code": {"type": "string", "minLength": 1, "maxLength": MAX_CODE_CHARS},
-                    "language": {"type": "string", "maxLength": 32},
-                    "timeout_ms": {"type": "integer", "minimum": 1},
-                },
-                ["code"],
-            ),
+            ScriptArgs,
             _script,
-            "script",
         )
     ]
 
 
-def _info(info: SnapshotInfo) -> dict[str, Any]:
+# -- snapshot ---------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class SnapshotArgs:
+    """``workspace_snapshot``."""
+
+    label: Annotated[str | None, Arg("A note to recognise the snapshot by", max_length=200)] = None
+
+
+@attrs.frozen(kw_only=True)
+class SnapshotIdArgs:
+    """``workspace_restore``, ``workspace_delete_snapshot``, ``workspace_branch``."""
+
+    snapshot_id: SnapshotId
+
+
+@attrs.frozen
+class NoArgs:
+    """A tool without arguments."""
+
+
+SnapEnv = ToolEnv[SnapshotPolicy, Snapshotter]
+
+
+def _info(info: SnapshotInfo) -> Data:
     return {
         "snapshot_id": info.snapshot_id,
         "created_at": info.created_at,
@@ -250,85 +330,78 @@ def _info(info: SnapshotInfo) -> dict[str, Any]:
     }
 
 
-async def _snapshot(env: ToolEnv, args: dict[str, Any]) -> Any:
-    policy: SnapshotPolicy = env.policy
-    snap = await env.module("snapshot")
+async def _snapshot(env: SnapEnv, args: SnapshotArgs) -> Data:
+    policy = env.policy
+    snap = await env.module()
     if len(await snap.list()) >= policy.max_snapshots:
         raise OperationError(
             f"this workspace already holds {policy.max_snapshots} snapshots; delete one first",
             code="policy_denied",
         )
-    info = await snap.snapshot(args.get("label"))
-    env.registry.emit("on_snapshot", status="snapshot", detail={"snapshot_id": info.snapshot_id})
+    info = await snap.snapshot(args.label)
+    env.session.emit("on_snapshot", status="snapshot", detail={"snapshot_id": info.snapshot_id})
     return _info(info)
 
 
-async def _restore(env: ToolEnv, args: dict[str, Any]) -> Any:
-    snap = await env.module("snapshot")
-    ref = await snap.restore(args["snapshot_id"])
-    await env.registry.swap_ref(ref)
-    env.registry.emit("on_snapshot", status="restore", detail={"snapshot_id": args["snapshot_id"]})
-    return {"restored": args["snapshot_id"]}
+async def _restore(env: SnapEnv, args: SnapshotIdArgs) -> Data:
+    snap = await env.module()
+    ref = await snap.restore(args.snapshot_id)
+    await env.session.adopt(ref)
+    env.session.emit("on_snapshot", status="restore", detail={"snapshot_id": args.snapshot_id})
+    return {"restored": args.snapshot_id}
 
 
-async def _list_snapshots(env: ToolEnv, args: dict[str, Any]) -> Any:
-    snap = await env.module("snapshot")
+async def _list_snapshots(env: SnapEnv, args: NoArgs) -> Data:
+    snap = await env.module()
     return {"snapshots": [_info(i) for i in await snap.list()]}
 
 
-async def _delete_snapshot(env: ToolEnv, args: dict[str, Any]) -> Any:
-    snap = await env.module("snapshot")
-    await snap.delete(args["snapshot_id"])
-    return {"deleted": args["snapshot_id"]}
+async def _delete_snapshot(env: SnapEnv, args: SnapshotIdArgs) -> Data:
+    snap = await env.module()
+    await snap.delete(args.snapshot_id)
+    return {"deleted": args.snapshot_id}
 
 
-async def _branch(env: ToolEnv, args: dict[str, Any]) -> Any:
-    snap = await env.module("snapshot")
-    ref = await snap.branch(args["snapshot_id"])
-    await env.registry.swap_ref(ref)
-    env.registry.emit("on_snapshot", status="branch", detail={"snapshot_id": args["snapshot_id"]})
-    ws = await env.registry.get()
-    return {"branched_from": args["snapshot_id"], "workspace_id": ws.id}
+async def _branch(env: SnapEnv, args: SnapshotIdArgs) -> Data:
+    snap = await env.module()
+    ref = await snap.branch(args.snapshot_id)
+    workspace_id = await env.session.adopt(ref)
+    env.session.emit("on_snapshot", status="branch", detail={"snapshot_id": args.snapshot_id})
+    return {"branched_from": args.snapshot_id, "workspace_id": workspace_id}
 
 
-def snapshot_tools(policy: SnapshotPolicy) -> list[ToolSpec]:
+def snapshot_tools(policy: SnapshotPolicy) -> list[ToolSpec[SnapshotPolicy, Snapshotter]]:
     """The five snapshot tools."""
-    sid = _schema({"snapshot_id": _ID}, ["snapshot_id"])
     return [
         ToolSpec(
             "workspace_snapshot",
             "Save the current state of the workspace; returns a snapshot_id for restore or branch.",
-            _schema({"label": {"type": "string", "maxLength": 200}}, []),
+            SnapshotArgs,
             _snapshot,
-            "snapshot",
         ),
         ToolSpec(
             "workspace_restore",
             "Bring the workspace back to exactly a snapshot's state (later changes are lost).",
-            sid,
+            SnapshotIdArgs,
             _restore,
-            "restore",
         ),
         ToolSpec(
             "workspace_list_snapshots",
             "List this workspace's snapshots, oldest first.",
-            _schema({}, []),
+            NoArgs,
             _list_snapshots,
-            "list_snapshots",
         ),
         ToolSpec(
             "workspace_delete_snapshot",
             "Delete a snapshot.",
-            sid,
+            SnapshotIdArgs,
             _delete_snapshot,
-            "delete_snapshot",
         ),
         ToolSpec(
             "workspace_branch",
             "Continue in a new, separate workspace seeded from a snapshot; the current "
             "workspace is left as it is.",
-            sid,
+            SnapshotIdArgs,
             _branch,
-            "branch",
         ),
     ]

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any, Final
+from typing import Annotated, Final, Literal, TypedDict
+
+import attrs
 
 from ._data import FileEntry, GrepOptions
 from ._errors import OperationError
-from ._paths import normalize_path
 from ._policies import FsPolicy
-from ._tool import ToolEnv, ToolSpec
-from ._tool import object_schema as _schema
+from ._protocols import FileSystem
+from ._schema import Arg, WorkspacePath
+from ._tool import ToolEnv, ToolSpec, render_json
 
 __all__ = ["fs_tools"]
 
@@ -20,26 +22,142 @@ MAX_LINE_CHARS: Final = 2000
 MAX_GLOB_RESULTS: Final = 2000
 MAX_GREP_LINE: Final = 500
 
-_PATH = {
-    "type": "string",
-    "minLength": 1,
-    "maxLength": 4096,
-    "description": "Workspace path, e.g. /notes/a.txt",
-}
-_OPT_PATH = {"type": "string", "maxLength": 4096, "description": "Workspace directory (default /)"}
+Env = ToolEnv[FsPolicy, FileSystem]
+Data = dict[str, object]
+
+DirectoryPath = Annotated[str, Arg("Workspace directory (default /)", max_length=4096, path=True)]
 
 
-def _entry(e: FileEntry) -> dict[str, Any]:
+@attrs.frozen(kw_only=True)
+class ReadFileArgs:
+    """``workspace_read_file``."""
+
+    path: WorkspacePath
+    offset: Annotated[int, Arg("First line, 1-based", minimum=1)] = 1
+    limit: Annotated[int, Arg("Max lines", minimum=1, maximum=100000)] = DEFAULT_READ_LINES
+
+
+@attrs.frozen(kw_only=True)
+class WriteFileArgs:
+    """``workspace_write_file``."""
+
+    path: WorkspacePath
+    content: Annotated[str, Arg("The file's new content (text, or base64 per encoding)")]
+    encoding: Annotated[
+        Literal["utf-8", "base64"], Arg("How content is encoded: utf-8 text or base64 bytes")
+    ] = "utf-8"
+
+
+@attrs.frozen(kw_only=True)
+class EditFileArgs:
+    """``workspace_edit_file``."""
+
+    path: WorkspacePath
+    old_text: Annotated[str, Arg("Exact text to replace", min_length=1)]
+    new_text: Annotated[str, Arg("Replacement text")]
+    replace_all: Annotated[bool, Arg("Replace every occurrence, not just a unique one")] = False
+
+
+@attrs.frozen(kw_only=True)
+class LsArgs:
+    """``workspace_ls``."""
+
+    path: DirectoryPath = "/"
+
+
+@attrs.frozen(kw_only=True)
+class GlobArgs:
+    """``workspace_glob``."""
+
+    pattern: Annotated[str, Arg("Glob pattern, e.g. **/*.py", min_length=1, max_length=1024)]
+    path: DirectoryPath = "/"
+
+
+@attrs.frozen(kw_only=True)
+class GrepArgs:
+    """``workspace_grep``."""
+
+    pattern: Annotated[str, Arg("Regular expression", min_length=1, max_length=2000)]
+    path: DirectoryPath = "/"
+    glob: Annotated[
+        str | None, Arg("Only files whose name matches, e.g. *.py", min_length=1, max_length=1024)
+    ] = None
+    ignore_case: Annotated[bool, Arg("Match case-insensitively")] = False
+    max_results: Annotated[int, Arg("Most matches returned", minimum=1, maximum=10000)] = 200
+
+
+@attrs.frozen(kw_only=True)
+class PathArgs:
+    """``workspace_stat``: one path."""
+
+    path: WorkspacePath
+
+
+@attrs.frozen(kw_only=True)
+class MkdirArgs:
+    """``workspace_mkdir``."""
+
+    path: WorkspacePath
+    parents: Annotated[bool, Arg("Create missing parents; an existing directory is fine")] = False
+
+
+@attrs.frozen(kw_only=True)
+class RmArgs:
+    """``workspace_rm``."""
+
+    path: WorkspacePath
+    recursive: Annotated[bool, Arg("Remove a directory and everything in it")] = False
+
+
+class TextFile(TypedDict):
+    """read_file's result for UTF-8 text."""
+
+    path: str
+    encoding: Literal["utf-8"]
+    content: str
+    size: int
+    total_lines: int
+    offset: int
+    lines_returned: int
+    truncated: bool
+
+
+class BinaryFile(TypedDict):
+    """read_file's result for bytes that are not UTF-8."""
+
+    path: str
+    encoding: Literal["base64"]
+    content: str
+    size: int
+    truncated: bool
+
+
+def render_read(data: TextFile | BinaryFile) -> str:
+    """Text files reach the model as their text, plus how to page on when truncated."""
+    if data["encoding"] != "utf-8":
+        return render_json(data)
+    text = data["content"]
+    if data["truncated"]:
+        first = data["offset"]
+        last = first + data["lines_returned"] - 1
+        text += (
+            f"\n[truncated: lines {first}-{last} of {data['total_lines']}; "
+            f"call again with offset={last + 1} for more]"
+        )
+    return text
+
+
+def _entry(e: FileEntry) -> Data:
     return {"name": e.name, "path": e.path, "type": e.type, "size": e.size}
 
 
-async def _read_file(env: ToolEnv, args: dict[str, Any]) -> Any:
-    policy: FsPolicy = env.policy
-    path = normalize_path(args["path"])
-    fs = await env.module("fs")
+async def _read_file(env: Env, args: ReadFileArgs) -> TextFile | BinaryFile:
+    policy = env.policy
+    path = args.path
+    fs = await env.module()
     # One module call: the provider checks the size cap before reading a byte.
     try:
-        data: bytes = await fs.read_file(path, max_bytes=policy.max_file_bytes)
+        data = await fs.read_file(path, max_bytes=policy.max_file_bytes)
     except OperationError as exc:
         if exc.code == "too_large":
             raise OperationError(
@@ -61,8 +179,7 @@ async def _read_file(env: ToolEnv, args: dict[str, Any]) -> Any:
             "truncated": False,
         }
     lines = text.splitlines(keepends=True)
-    offset = args.get("offset", 1)
-    limit = args.get("limit", DEFAULT_READ_LINES)
+    offset, limit = args.offset, args.limit
     window = lines[offset - 1 : offset - 1 + limit]
     long_lines = any(len(line) > MAX_LINE_CHARS for line in window)
     if long_lines:
@@ -83,20 +200,18 @@ async def _read_file(env: ToolEnv, args: dict[str, Any]) -> Any:
     }
 
 
-async def _write_file(env: ToolEnv, args: dict[str, Any]) -> Any:
-    policy: FsPolicy = env.policy
-    path = normalize_path(args["path"])
-    content: str = args["content"]
-    if args.get("encoding", "utf-8") == "base64":
+async def _write_file(env: Env, args: WriteFileArgs) -> Data:
+    policy = env.policy
+    if args.encoding == "base64":
         try:
-            data = base64.b64decode(content, validate=True)
+            data = base64.b64decode(args.content, validate=True)
         except (binascii.Error, ValueError):
             raise OperationError(
                 "argument 'content': not valid base64", code="invalid_argument"
             ) from None
     else:
         try:
-            data = content.encode("utf-8")
+            data = args.content.encode("utf-8")
         except UnicodeEncodeError:
             raise OperationError(
                 "argument 'content': not valid Unicode (a lone surrogate)", code="invalid_argument"
@@ -106,46 +221,43 @@ async def _write_file(env: ToolEnv, args: dict[str, Any]) -> Any:
             f"content is {len(data)} bytes, over the {policy.max_file_size_mb:g} MB write limit",
             code="too_large",
         )
-    fs = await env.module("fs")
-    await fs.write_file(path, data)
-    return {"path": path, "bytes_written": len(data)}
+    fs = await env.module()
+    await fs.write_file(args.path, data)
+    return {"path": args.path, "bytes_written": len(data)}
 
 
-async def _edit_file(env: ToolEnv, args: dict[str, Any]) -> Any:
-    path = normalize_path(args["path"])
-    if args["old_text"] == args["new_text"]:
+async def _edit_file(env: Env, args: EditFileArgs) -> Data:
+    if args.old_text == args.new_text:
         raise OperationError("old_text and new_text are identical", code="invalid_argument")
-    fs = await env.module("fs")
+    fs = await env.module()
     count = await fs.edit_file(
-        path, args["old_text"], args["new_text"], replace_all=args.get("replace_all", False)
+        args.path, args.old_text, args.new_text, replace_all=args.replace_all
     )
-    return {"path": path, "replacements": count}
+    return {"path": args.path, "replacements": count}
 
 
-async def _ls(env: ToolEnv, args: dict[str, Any]) -> Any:
-    path = normalize_path(args.get("path", "/"))
-    fs = await env.module("fs")
-    entries = await fs.ls(path)
-    return {"path": path, "entries": [_entry(e) for e in entries]}
+async def _ls(env: Env, args: LsArgs) -> Data:
+    fs = await env.module()
+    entries = await fs.ls(args.path)
+    return {"path": args.path, "entries": [_entry(e) for e in entries]}
 
 
-async def _glob(env: ToolEnv, args: dict[str, Any]) -> Any:
-    path = normalize_path(args.get("path", "/"))
-    fs = await env.module("fs")
-    matches = list(await fs.glob(args["pattern"], path))
+async def _glob(env: Env, args: GlobArgs) -> Data:
+    fs = await env.module()
+    matches = list(await fs.glob(args.pattern, args.path))
     truncated = len(matches) > MAX_GLOB_RESULTS
     return {"matches": matches[:MAX_GLOB_RESULTS], "truncated": truncated}
 
 
-async def _grep(env: ToolEnv, args: dict[str, Any]) -> Any:
-    matcher = env.regex_engine.compile(args["pattern"], ignore_case=args.get("ignore_case", False))
+async def _grep(env: Env, args: GrepArgs) -> Data:
+    matcher = env.regex_engine.compile(args.pattern, ignore_case=args.ignore_case)
     options = GrepOptions(
-        path=normalize_path(args.get("path", "/")),
-        glob=args.get("glob"),
-        ignore_case=args.get("ignore_case", False),
-        max_results=args.get("max_results", 200),
+        path=args.path,
+        glob=args.glob,
+        ignore_case=args.ignore_case,
+        max_results=args.max_results,
     )
-    fs = await env.module("fs")
+    fs = await env.module()
     result = await fs.grep(matcher, options)
     return {
         "matches": [
@@ -162,10 +274,9 @@ async def _grep(env: ToolEnv, args: dict[str, Any]) -> Any:
     }
 
 
-async def _stat(env: ToolEnv, args: dict[str, Any]) -> Any:
-    path = normalize_path(args["path"])
-    fs = await env.module("fs")
-    st = await fs.stat(path)
+async def _stat(env: Env, args: PathArgs) -> Data:
+    fs = await env.module()
+    st = await fs.stat(args.path)
     return {
         "path": st.path,
         "type": st.type,
@@ -175,144 +286,88 @@ async def _stat(env: ToolEnv, args: dict[str, Any]) -> Any:
     }
 
 
-async def _mkdir(env: ToolEnv, args: dict[str, Any]) -> Any:
-    path = normalize_path(args["path"])
-    fs = await env.module("fs")
-    await fs.mkdir(path, parents=args.get("parents", False))
-    return {"path": path, "created": True}
+async def _mkdir(env: Env, args: MkdirArgs) -> Data:
+    fs = await env.module()
+    await fs.mkdir(args.path, parents=args.parents)
+    return {"path": args.path, "created": True}
 
 
-async def _rm(env: ToolEnv, args: dict[str, Any]) -> Any:
-    path = normalize_path(args["path"])
-    if path == "/":
+async def _rm(env: Env, args: RmArgs) -> Data:
+    if args.path == "/":
         raise OperationError("refusing to remove the workspace root", code="invalid_argument")
-    fs = await env.module("fs")
-    await fs.rm(path, recursive=args.get("recursive", False))
-    return {"path": path, "removed": True}
+    fs = await env.module()
+    await fs.rm(args.path, recursive=args.recursive)
+    return {"path": args.path, "removed": True}
 
 
-def fs_tools(policy: FsPolicy) -> list[ToolSpec]:
+def fs_tools(policy: FsPolicy) -> list[ToolSpec[FsPolicy, FileSystem]]:
     """Tool specs of the ``fs`` capability (read-only policy: no mutating tools)."""
-    read = [
+    read: list[ToolSpec[FsPolicy, FileSystem]] = [
         ToolSpec(
             "workspace_read_file",
             "Read a file from the workspace. UTF-8 text comes back as text; other files as "
             "base64 (encoding says which). Use offset (1-based line) and limit (lines) to page "
             "through large files; 'truncated' tells whether more remains.",
-            _schema(
-                {
-                    "path": _PATH,
-                    "offset": {
-                        "type": "integer",
-                        "minimum": 1,
-                        "description": "First line, 1-based",
-                    },
-                    "limit": {
-                        "type": "integer",
-                        "minimum": 1,
-                        "maximum": 100000,
-                        "description": "Max lines",
-                    },
-                },
-                ["path"],
-            ),
+            ReadFileArgs,
             _read_file,
-            "read_file",
+            render=render_read,
         ),
         ToolSpec(
             "workspace_ls",
             "List a workspace directory: name, path, type and size of each entry.",
-            _schema({"path": _OPT_PATH}, []),
+            LsArgs,
             _ls,
-            "ls",
         ),
         ToolSpec(
             "workspace_glob",
             "Find files and directories by glob pattern (*, ?, [abc], ** for any depth), "
             "relative to path (default /). Example: **/*.py",
-            _schema(
-                {
-                    "pattern": {"type": "string", "minLength": 1, "maxLength": 1024},
-                    "path": _OPT_PATH,
-                },
-                ["pattern"],
-            ),
+            GlobArgs,
             _glob,
-            "glob",
         ),
         ToolSpec(
             "workspace_grep",
             "Search file contents with a regular expression, line by line. Optional path "
             "(directory or file), glob filter (e.g. *.py), ignore_case and max_results. Binary "
             "and skipped files are listed so 'no match' is never ambiguous.",
-            _schema(
-                {
-                    "pattern": {"type": "string", "minLength": 1, "maxLength": 2000},
-                    "path": _OPT_PATH,
-                    "glob": {"type": "string", "minLength": 1, "maxLength": 1024},
-                    "ignore_case": {"type": "boolean"},
-                    "max_results": {"type": "integer", "minimum": 1, "maximum": 10000},
-                },
-                ["pattern"],
-            ),
+            GrepArgs,
             _grep,
-            "grep",
         ),
         ToolSpec(
             "workspace_stat",
             "Describe a path: type (file, dir, symlink, other), size, mtime, mode.",
-            _schema({"path": _PATH}, ["path"]),
+            PathArgs,
             _stat,
-            "stat",
         ),
     ]
     if policy.read_only:
         return read
-    write = [
+    write: list[ToolSpec[FsPolicy, FileSystem]] = [
         ToolSpec(
             "workspace_write_file",
             "Create or replace a file (parent directories are created). Content is UTF-8 text, "
             "or base64 with encoding='base64'. The write is atomic.",
-            _schema(
-                {
-                    "path": _PATH,
-                    "content": {"type": "string"},
-                    "encoding": {"type": "string", "enum": ["utf-8", "base64"]},
-                },
-                ["path", "content"],
-            ),
+            WriteFileArgs,
             _write_file,
-            "write_file",
         ),
         ToolSpec(
             "workspace_edit_file",
             "Replace old_text with new_text in a text file. Fails if old_text is absent, or "
             "appears more than once unless replace_all is true.",
-            _schema(
-                {
-                    "path": _PATH,
-                    "old_text": {"type": "string", "minLength": 1},
-                    "new_text": {"type": "string"},
-                    "replace_all": {"type": "boolean"},
-                },
-                ["path", "old_text", "new_text"],
-            ),
+            EditFileArgs,
             _edit_file,
-            "edit_file",
         ),
         ToolSpec(
             "workspace_mkdir",
             "Create a directory; parents=true creates missing parents and accepts an existing one.",
-            _schema({"path": _PATH, "parents": {"type": "boolean"}}, ["path"]),
+            MkdirArgs,
             _mkdir,
-            "mkdir",
         ),
         ToolSpec(
             "workspace_rm",
             "Remove a file or empty directory; recursive=true removes a directory tree.",
-            _schema({"path": _PATH, "recursive": {"type": "boolean"}}, ["path"]),
+            RmArgs,
             _rm,
-            "rm",
         ),
     ]
     return read[:1] + write[:2] + read[1:] + write[2:]

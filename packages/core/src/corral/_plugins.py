@@ -13,7 +13,7 @@ import attrs
 import pluggy
 
 from . import hookspecs
-from ._capabilities import Capability
+from ._capabilities import AnyCapability
 from ._data import names
 from ._errors import ConfigError
 from ._protocols import WorkspaceProvider
@@ -91,7 +91,7 @@ class PluginSet:
     """Everything the loaded plugins registered."""
 
     providers: Mapping[str, ProviderSpec]
-    capabilities: Mapping[str, Capability]
+    capabilities: Mapping[str, AnyCapability]
     commands: Mapping[str, CliCommand]
     manager: pluggy.PluginManager = attrs.field(eq=False, repr=False)
     failed: Mapping[str, str] = attrs.field(factory=dict)
@@ -157,7 +157,7 @@ def load_plugins(
     pm.check_pending()
 
     providers: dict[str, ProviderSpec] = {}
-    capabilities: dict[str, Capability] = {}
+    capabilities: dict[str, AnyCapability] = {}
     commands: dict[str, CliCommand] = {}
     pm.hook.corral_register_providers(register=_collector("provider", providers, lambda s: s.kind))
     pm.hook.corral_register_capabilities(

@@ -27,7 +27,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
-from typing import Any, Final, Literal, Self
+from typing import Any, Final, Literal, Self, overload
 
 import anyio
 import attrs
@@ -113,8 +113,23 @@ class ScopedWorkspace:
         """Any declared module by name."""
         return self._inner.module(name) if name in self._modules else None
 
-    def require(self, name: str) -> Any:
+    @overload
+    def require(self, name: Literal["fs"]) -> FileSystem: ...
+    @overload
+    def require(self, name: Literal["shell"]) -> Shell: ...
+    @overload
+    def require(self, name: Literal["code", "script"]) -> CodeInterpreter: ...
+    @overload
+    def require(self, name: Literal["snapshot"]) -> Snapshotter: ...
+    @overload
+    def require(self, name: str) -> object: ...
+
+    def require(self, name: str) -> object:
         """A declared module, or a clear error naming the capability to declare.
+
+        Typed for core's modules by name; a plugin's module comes back as
+        ``object`` here (its capability's tools get it typed through
+        ``ToolEnv.module()``).
 
         Raises:
             WorkspaceFailedError: The module was not declared or not populated.

@@ -51,7 +51,7 @@ class WorkspaceSession:
         """The current ref (after the first open)."""
         return self.registry.ref
 
-    async def call(self, name: str, arguments: Any = None) -> ToolResult:
+    async def call(self, name: str, arguments: object = None) -> ToolResult:
         """Call a tool by name with the model's arguments."""
         return await self.toolset.call(name, arguments)
 

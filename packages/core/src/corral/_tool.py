@@ -1,27 +1,63 @@
-"""Tool types: what a capability contributes and what an agent loop calls."""
+"""Tool types: what a capability contributes and what an agent loop calls.
+
+A capability author writes, per tool, an arguments class (see ``_schema``),
+an async handler and optionally a renderer, and wraps them in a
+:class:`ToolSpec`. The handler is typed end to end::
+
+    async def git_log(env: ToolEnv[GitPolicy, Git], args: GitLogArgs) -> GitLog: ...
+
+``env.policy`` is the capability's parsed policy, ``await env.module()`` the
+workspace module it declared, and ``env.session`` the narrow
+:class:`SessionControl` (only for capabilities that ask for it). Nothing in
+the environment can close, reset or re-open the session's registry.
+"""
 
 from __future__ import annotations
 
+import copy
+import json
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Generic, NamedTuple, Protocol, TypeVar
 
 import attrs
+from attrs import AttrsInstance
+
+from ._schema import Arg, JsonSchema, args_schema
 
 if TYPE_CHECKING:
+    from ._data import WorkspaceRef
     from ._regex import RegexEngine
-    from ._registry import WorkspaceRegistry
 
-__all__ = ["Tool", "ToolEnv", "ToolHandler", "ToolResult", "ToolSpec", "object_schema"]
+__all__ = [
+    "PreparedCall",
+    "SessionControl",
+    "Tool",
+    "ToolEnv",
+    "ToolHandler",
+    "ToolOutput",
+    "ToolRenderer",
+    "ToolResult",
+    "ToolSpec",
+    "render_json",
+]
+
+PolicyT = TypeVar("PolicyT", bound=AttrsInstance)
+ModuleT = TypeVar("ModuleT")
+PolicyT_co = TypeVar("PolicyT_co", bound=AttrsInstance, covariant=True)
+ModuleT_co = TypeVar("ModuleT_co", covariant=True)
+ArgsT = TypeVar("ArgsT", bound=AttrsInstance)
+ResultT = TypeVar("ResultT")
+
+# One encoder for every result: json.dumps with non-default options builds a new
+# JSONEncoder on every call, which costs more than encoding a small result.
+_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, default=str)
 
 
-def object_schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    """The JSON Schema of a tool's arguments: an object with no unknown keys."""
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": required,
-        "additionalProperties": False,
-    }
+def render_json(data: object) -> str:
+    """The default renderer: text as it is, anything else as compact JSON."""
+    if isinstance(data, str):
+        return data
+    return _ENCODER.encode(data)
 
 
 @attrs.frozen
@@ -31,7 +67,9 @@ class ToolResult:
     Attributes:
         content: Text for the model (JSON for structured results).
         is_error: The call failed; ``content`` says why in one clear line.
-        data: The structured, JSON-compatible result (None on error).
+        data: The structured, JSON-compatible result (None on error). Typed
+            ``Any`` on purpose: it is decoded-JSON-shaped data that callers
+            index freely, like the result of ``json.loads``.
         error_code: Stable classification of a failure (``not_found``...).
     """
 
@@ -41,16 +79,41 @@ class ToolResult:
     error_code: str | None = None
 
 
-class ToolEnv(Protocol):
+class SessionControl(Protocol):
+    """What a tool may change about its session: which workspace it uses.
+
+    Handed only to capabilities registered with ``controls_session=True``
+    (core's ``snapshot``: restore and branch). It deliberately cannot close,
+    reset or re-open the registry, nor reach another provider's workspaces.
+    """
+
+    async def adopt(self, ref: WorkspaceRef) -> str:
+        """Make ``ref`` (of the session's own provider) the session's workspace.
+
+        Returns the id of the workspace now in use.
+
+        Raises:
+            WorkspaceFailedError: The ref is foreign, does not resolve, or the
+                session is closed; the session keeps its previous workspace.
+        """
+        ...
+
+    def emit(
+        self, hook: str, *, status: str = "ok", detail: Mapping[str, str] | None = None
+    ) -> None:
+        """Report a lifecycle event (``on_snapshot``...) to the session's hooks.
+
+        Raises:
+            ValueError: ``hook`` is not an ``on_<name>`` identifier.
+        """
+        ...
+
+
+class ToolEnv(Protocol[PolicyT_co, ModuleT_co]):
     """What a tool handler receives besides its validated arguments."""
 
     @property
-    def registry(self) -> WorkspaceRegistry:
-        """The registry of the session's workspace."""
-        ...
-
-    @property
-    def policy(self) -> Any:
+    def policy(self) -> PolicyT_co:
         """The capability's parsed policy."""
         ...
 
@@ -59,32 +122,126 @@ class ToolEnv(Protocol):
         """The engine grep compiles patterns with."""
         ...
 
-    async def module(self, name: str) -> Any:
-        """The workspace module ``name`` (opening the workspace if needed)."""
+    @property
+    def session(self) -> SessionControl:
+        """Session control; raises RuntimeError unless the capability asked for it."""
+        ...
+
+    async def module(self) -> ModuleT_co:
+        """The capability's workspace module (opening the workspace if needed)."""
         ...
 
 
-ToolHandler = Callable[[ToolEnv, dict[str, Any]], Awaitable[Any]]
-"""A handler gets validated arguments; returns JSON-compatible data or text."""
+ToolHandler = Callable[[ToolEnv[PolicyT, ModuleT], ArgsT], Awaitable[ResultT]]
+"""``async def handler(env, args) -> result``: does the work once arguments are valid.
+
+The result is JSON-compatible data (it becomes :attr:`ToolResult.data`) or text.
+"""
+
+ToolRenderer = Callable[[ResultT], str]
+"""Turns a tool's result into the text the model reads (default: :func:`render_json`)."""
 
 
-@attrs.frozen
-class ToolSpec:
-    """A tool as a capability declares it.
+class ToolOutput(NamedTuple):
+    """A handler's result and its rendering, before the toolset wraps it.
 
     Attributes:
+        data: What the handler returned.
+        text: What the tool's renderer made of it.
+    """
+
+    data: object
+    text: str
+
+
+class PreparedCall(NamedTuple, Generic[PolicyT, ModuleT]):
+    """A tool call whose arguments passed validation, ready to run (and re-run).
+
+    A named tuple: one is built per call on the hot path.
+
+    Attributes:
+        arguments: The validated arguments object.
+        as_mapping: The arguments keyed by JSON name (computed on demand).
+        run: Runs handler and renderer in an environment.
+    """
+
+    arguments: object
+    as_mapping: Callable[[], dict[str, object]]
+    run: Callable[[ToolEnv[PolicyT, ModuleT]], Awaitable[ToolOutput]]
+
+
+class ToolSpec(Generic[PolicyT, ModuleT]):
+    """A tool as a capability declares it.
+
+    The arguments class is the single source of the JSON Schema (for the
+    model and MCP) and of validation; handler and renderer are checked
+    against it and against each other by the type checker.
+
+    Args:
         name: ``workspace_<op>``.
         description: What the model reads.
-        parameters: JSON Schema (an object schema) of the arguments.
-        handler: Does the work once arguments are valid.
-        op: Usage name suffix: ``workspace.<op>``.
+        args: The frozen attrs class of the arguments.
+        handler: ``async (env, args) -> result``.
+        op: Usage name suffix (``workspace.<op>``); default: ``name``
+            without its ``workspace_`` prefix.
+        render: Result -> text for the model (default :func:`render_json`).
+        refine: Per-argument constraints the policy decides, merged over the
+            class's own (``{"language": Arg(choices=policy.languages)}``).
+
+    Raises:
+        TypeError: The arguments class cannot be compiled (see :func:`corral.args_schema`).
     """
+
+    __slots__ = ("_prepare", "args_type", "description", "name", "op", "parameters")
 
     name: str
     description: str
-    parameters: Mapping[str, Any]
-    handler: ToolHandler
     op: str
+    parameters: JsonSchema
+    args_type: type[AttrsInstance]
+
+    def __init__(
+        self,
+        name: str,
+        description: str,
+        args: type[ArgsT],
+        handler: ToolHandler[PolicyT, ModuleT, ArgsT, ResultT],
+        *,
+        op: str | None = None,
+        render: ToolRenderer[ResultT] | None = None,
+        refine: Mapping[str, Arg] | None = None,
+    ) -> None:
+        compiled = args_schema(args, refine)
+        renderer: Callable[[ResultT], str] = render if render is not None else render_json
+        self.name = name
+        self.description = description
+        self.op = op if op is not None else name.removeprefix("workspace_")
+        # A private copy: callers may mutate what they export, the cache is shared.
+        self.parameters = copy.deepcopy(compiled.json_schema)
+        self.args_type = args
+
+        def prepare(arguments: object) -> PreparedCall[PolicyT, ModuleT]:
+            parsed = compiled.parse(arguments)
+
+            async def run(env: ToolEnv[PolicyT, ModuleT]) -> ToolOutput:
+                data = await handler(env, parsed)
+                return ToolOutput(data, renderer(data))
+
+            return PreparedCall(parsed, lambda: compiled.as_mapping(parsed), run)
+
+        self._prepare = prepare
+
+    def prepare(self, arguments: object) -> PreparedCall[PolicyT, ModuleT]:
+        """Validate the model's arguments (no I/O) and return the runnable call.
+
+        Raises:
+            OperationError: ``invalid_argument``/``invalid_path``, naming the
+                argument and never echoing its value.
+        """
+        return self._prepare(arguments)
+
+    def __repr__(self) -> str:
+        return f"ToolSpec({self.name!r}, args={self.args_type.__qualname__})"
 
 
 @attrs.frozen
@@ -97,10 +254,10 @@ class Tool:
 
     name: str
     description: str
-    parameters: Mapping[str, Any]
+    parameters: Mapping[str, object]
     capability: str
-    _invoke: Callable[[Any], Awaitable[ToolResult]] = attrs.field(alias="invoke", repr=False)
+    _invoke: Callable[[object], Awaitable[ToolResult]] = attrs.field(alias="invoke", repr=False)
 
-    async def __call__(self, arguments: Any) -> ToolResult:
+    async def __call__(self, arguments: object) -> ToolResult:
         """Validate ``arguments`` and run the tool."""
         return await self._invoke(arguments)

@@ -8,15 +8,16 @@ usage, metrics and a log record carrying the trace context.
 from __future__ import annotations
 
 import inspect
-import json
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar, cast
 
-import attrs
+from attrs import AttrsInstance
 
-from ._capabilities import Capability, check_user_tool_name
+from ._capabilities import AnyCapability, Capability, check_user_tool_name
+from ._data import WorkspaceRef
 from ._errors import (
     ConfigError,
     OperationError,
@@ -26,47 +27,91 @@ from ._errors import (
 from ._observe import UsageRecorder, guarded
 from ._regex import RegexEngine, RegexModuleEngine
 from ._registry import WorkspaceRegistry
-from ._schema import validate_arguments
-from ._tool import Tool, ToolResult, ToolSpec
+from ._tool import PreparedCall, SessionControl, Tool, ToolEnv, ToolOutput, ToolResult, ToolSpec
 
 __all__ = ["ResultFilter", "WorkspaceToolset"]
 
 log = logging.getLogger("corral.tools")
 
-ResultFilter = Callable[[str, Mapping[str, Any], ToolResult], ToolResult | Awaitable[ToolResult]]
-"""Sees every result before the model does; may scrub or annotate it."""
+PolicyT = TypeVar("PolicyT", bound=AttrsInstance)
+ModuleT = TypeVar("ModuleT")
 
-# One encoder for every result: json.dumps with non-default options builds a new
-# JSONEncoder on every call, which costs more than encoding a small result.
-_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, default=str)
+ResultFilter = Callable[[str, Mapping[str, object], ToolResult], ToolResult | Awaitable[ToolResult]]
+"""Sees every result (and the validated arguments) before the model does; may scrub or
+annotate it."""
 
 _RESERVED_LOG_KEYS: Final = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+_HOOK_NAME: Final = re.compile(r"on_[a-z][a-z0-9_]{0,62}\Z")
 
 
-@attrs.frozen
-class _Env:
-    registry: WorkspaceRegistry
-    policy: Any
-    regex_engine: RegexEngine
+class _SessionControl:
+    """The registry seen through :class:`SessionControl`: adopt a ref, report events."""
 
-    async def module(self, name: str) -> Any:
-        return (await self.registry.get()).require(name)
+    __slots__ = ("_registry",)
+
+    def __init__(self, registry: WorkspaceRegistry) -> None:
+        self._registry = registry
+
+    async def adopt(self, ref: WorkspaceRef) -> str:
+        await self._registry.swap_ref(ref)
+        return (await self._registry.get()).id
+
+    def emit(
+        self, hook: str, *, status: str = "ok", detail: Mapping[str, str] | None = None
+    ) -> None:
+        # Hooks are looked up by attribute name: only on_* names may reach them.
+        if not _HOOK_NAME.match(hook):
+            raise ValueError("hook names are on_<lowercase identifier>")
+        self._registry.emit(hook, status=status, detail=dict(detail or {}))
 
 
-def _render(data: Any) -> str:
-    if isinstance(data, str):
-        return data
-    if isinstance(data, dict) and data.get("encoding") == "utf-8" and "content" in data:
-        text: str = data["content"]
-        if data.get("truncated"):
-            first = data["offset"]
-            last = first + data["lines_returned"] - 1
-            text += (
-                f"\n[truncated: lines {first}-{last} of {data['total_lines']}; "
-                f"call again with offset={last + 1} for more]"
-            )
-        return text
-    return _ENCODER.encode(data)
+class _NoSessionControl:
+    """What ``env.session`` is for capabilities that did not ask to control the session."""
+
+    __slots__ = ("_capability",)
+
+    def __init__(self, capability: str) -> None:
+        self._capability = capability
+
+    def _refuse(self) -> RuntimeError:
+        return RuntimeError(
+            f"capability {self._capability!r} uses env.session without registering "
+            "with Capability(..., controls_session=True)"
+        )
+
+    async def adopt(self, ref: WorkspaceRef) -> str:
+        raise self._refuse()
+
+    def emit(
+        self, hook: str, *, status: str = "ok", detail: Mapping[str, str] | None = None
+    ) -> None:
+        raise self._refuse()
+
+
+class _Env(Generic[PolicyT, ModuleT]):
+    """The :class:`ToolEnv` a capability's handlers get: policy, module, session control."""
+
+    __slots__ = ("_module", "_registry", "policy", "regex_engine", "session")
+
+    def __init__(
+        self,
+        registry: WorkspaceRegistry,
+        policy: PolicyT,
+        module: str,
+        regex_engine: RegexEngine,
+        session: SessionControl,
+    ) -> None:
+        self._registry = registry
+        self._module = module
+        self.policy = policy
+        self.regex_engine = regex_engine
+        self.session = session
+
+    async def module(self) -> ModuleT:
+        # The one trust point of the seam: the registry checked at open and
+        # resolve that the provider populated this declared module, and the
+        # capability's type parameter says which protocol it is.
+        return cast(ModuleT, (await self._registry.get()).require(self._module))
 
 
 class WorkspaceToolset:
@@ -90,7 +135,7 @@ class WorkspaceToolset:
     def __init__(
         self,
         registry: WorkspaceRegistry,
-        capabilities: Mapping[str, Capability],
+        capabilities: Mapping[str, AnyCapability],
         *,
         regex_engine: RegexEngine | None = None,
         usage: UsageRecorder | None = None,
@@ -109,29 +154,36 @@ class WorkspaceToolset:
         self._filter = result_filter
         self.owns_registry = owns_registry
         self.log = logger or log
-        self.policies: dict[str, Any] = {}
-        tools: dict[str, Tool] = {}
+        self.policies: dict[str, object] = {}
+        self._tools: dict[str, Tool] = {}
         for name, value in sorted(registry.config.capabilities.items()):
             if value in (False, None):
                 continue
             if name not in capabilities:
                 known = ", ".join(sorted(capabilities)) or "none"
                 raise ConfigError(f"unknown capability {name!r} (known: {known})")
-            cap = capabilities[name]
-            policy = cap.parse_policy(value)
-            self.policies[name] = policy
-            if cap.module not in registry.modules:
-                raise ConfigError(
-                    f"capability {name!r} needs module {cap.module!r}, which the registry hides"
-                )
-            env = _Env(registry, policy, self.regex_engine)
-            for spec in cap.tools(policy):
-                if not spec.name.startswith("workspace_"):
-                    raise ConfigError(f"capability {name!r}: tool names must start with workspace_")
-                if spec.name in tools:
-                    raise ConfigError(f"tool {spec.name!r} is contributed twice")
-                tools[spec.name] = self._bind(spec, env, name)
-        self._tools = tools
+            self._add_capability(capabilities[name], value)
+
+    def _add_capability(self, cap: Capability[PolicyT, ModuleT], value: object) -> None:
+        name = cap.name
+        policy = cap.parse_policy(value)
+        self.policies[name] = policy
+        if cap.module not in self.registry.modules:
+            raise ConfigError(
+                f"capability {name!r} needs module {cap.module!r}, which the registry hides"
+            )
+        session: SessionControl = (
+            _SessionControl(self.registry) if cap.controls_session else _NoSessionControl(name)
+        )
+        env: _Env[PolicyT, ModuleT] = _Env(
+            self.registry, policy, cap.module, self.regex_engine, session
+        )
+        for spec in cap.tools(policy):
+            if not spec.name.startswith("workspace_"):
+                raise ConfigError(f"capability {name!r}: tool names must start with workspace_")
+            if spec.name in self._tools:
+                raise ConfigError(f"tool {spec.name!r} is contributed twice")
+            self._tools[spec.name] = self._bind(spec, env, name)
 
     @property
     def tools(self) -> tuple[Tool, ...]:
@@ -146,7 +198,7 @@ class WorkspaceToolset:
         """
         return self._tools[name]
 
-    async def call(self, name: str, arguments: Any) -> ToolResult:
+    async def call(self, name: str, arguments: object) -> ToolResult:
         """Call a tool by name; an unknown name is an error result, not an exception."""
         tool = self._tools.get(name)
         if tool is None:
@@ -206,20 +258,24 @@ class WorkspaceToolset:
 
     # -- the call pipeline ---------------------------------------------------------
 
-    def _bind(self, spec: ToolSpec, env: _Env, capability: str) -> Tool:
-        async def invoke(arguments: Any) -> ToolResult:
+    def _bind(
+        self, spec: ToolSpec[PolicyT, ModuleT], env: ToolEnv[PolicyT, ModuleT], capability: str
+    ) -> Tool:
+        async def invoke(arguments: object) -> ToolResult:
             return await self._invoke(spec, env, arguments)
 
         return Tool(spec.name, spec.description, spec.parameters, capability, invoke=invoke)
 
-    async def _invoke(self, spec: ToolSpec, env: _Env, arguments: Any) -> ToolResult:
+    async def _invoke(
+        self, spec: ToolSpec[PolicyT, ModuleT], env: ToolEnv[PolicyT, ModuleT], arguments: object
+    ) -> ToolResult:
         started = time.perf_counter()
         result: ToolResult | None = None
-        args: dict[str, Any] = {}
+        call: PreparedCall[PolicyT, ModuleT] | None = None
         try:
-            args = validate_arguments(spec.parameters, arguments)
-            data = await self._with_eviction_retry(spec, env, args)
-            result = ToolResult(_render(data), data=data)
+            call = spec.prepare(arguments)
+            output = await self._with_eviction_retry(call, env)
+            result = ToolResult(output.text, data=output.data)
         except OperationError as exc:
             result = ToolResult(exc.message, is_error=True, error_code=exc.code)
         except WorkspaceFailedError as exc:
@@ -244,19 +300,22 @@ class WorkspaceToolset:
         finally:
             ms = (time.perf_counter() - started) * 1000
             status = "cancelled" if result is None else ("error" if result.is_error else "ok")
-            self._record(spec, ms, status, result)
+            self._record(spec.name, spec.op, ms, status, result)
         if self._filter is not None:
+            args = call.as_mapping() if call is not None else {}
             result = await self._apply_filter(spec.name, args, result)
         return result
 
-    async def _with_eviction_retry(self, spec: ToolSpec, env: _Env, args: dict[str, Any]) -> Any:
+    async def _with_eviction_retry(
+        self, call: PreparedCall[PolicyT, ModuleT], env: ToolEnv[PolicyT, ModuleT]
+    ) -> ToolOutput:
         registry = self.registry
         try:
-            return await spec.handler(env, args)
+            return await call.run(env)
         except WorkspaceEvictedError:
             registry.mark_evicted()
         try:
-            data = await spec.handler(env, args)
+            output = await call.run(env)
         except WorkspaceEvictedError:
             registry.mark_evicted()
             guarded(
@@ -277,10 +336,10 @@ class WorkspaceToolset:
             "recovered",
         )
         registry.emit("on_eviction_retry", status="recovered")
-        return data
+        return output
 
     async def _apply_filter(
-        self, name: str, args: dict[str, Any], result: ToolResult
+        self, name: str, args: Mapping[str, object], result: ToolResult
     ) -> ToolResult:
         assert self._filter is not None
         try:
@@ -307,26 +366,28 @@ class WorkspaceToolset:
             )
         return filtered
 
-    def _record(self, spec: ToolSpec, ms: float, status: str, result: ToolResult | None) -> None:
+    def _record(
+        self, name: str, op: str, ms: float, status: str, result: ToolResult | None
+    ) -> None:
         metrics = self.registry.metrics
-        guarded("inc_tool_call", metrics.inc_tool_call, spec.name, status)
-        guarded("observe_tool_latency_ms", metrics.observe_tool_latency_ms, spec.name, ms)
+        guarded("inc_tool_call", metrics.inc_tool_call, name, status)
+        guarded("observe_tool_latency_ms", metrics.observe_tool_latency_ms, name, ms)
         if self._usage is not None:
             try:
-                self._usage(f"workspace.{spec.op}", ms, session_id=self.registry.session.session_id)
+                self._usage(f"workspace.{op}", ms, session_id=self.registry.session.session_id)
             except Exception:
                 self.log.warning("usage recorder raised; ignored", exc_info=True)
         if self.log.isEnabledFor(logging.DEBUG) or status != "ok":
             self.log.log(
                 logging.DEBUG if status == "ok" else logging.INFO,
                 "workspace tool %s %s in %.2fms%s",
-                spec.name,
+                name,
                 status,
                 ms,
                 f" ({result.error_code})" if result is not None and result.error_code else "",
                 extra={
                     **self._trace,
-                    "corral_tool": spec.name,
+                    "corral_tool": name,
                     "corral_status": status,
                     "corral_duration_ms": ms,
                 },

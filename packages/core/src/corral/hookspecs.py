@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Final
 import pluggy
 
 if TYPE_CHECKING:
-    from ._capabilities import Capability
+    from ._capabilities import AnyCapability
     from ._plugins import CliCommand, ProviderSpec
 
 __all__ = [
@@ -53,7 +53,7 @@ def corral_register_providers(register: Callable[[ProviderSpec], None]) -> None:
 
 
 @hookspec
-def corral_register_capabilities(register: Callable[[Capability], None]) -> None:
+def corral_register_capabilities(register: Callable[[AnyCapability], None]) -> None:
     """Contribute capabilities: a name, a policy class, a module and tools.
 
     Called once per plugin set, core's built-ins (fs, shell, code, script,

@@ -14,13 +14,17 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from ._observe import NoopMetrics
+from attrs import AttrsInstance
+
+from ._observe import NoopMetrics, WorkspaceEvent
 from ._plugins import PluginSet, load_plugins
 from ._protocols import WorkspaceProvider
-from ._regex import Matcher
+from ._regex import Matcher, RegexEngine, RegexModuleEngine
 from ._session import WorkspaceSession, open_workspace
+from ._tool import SessionControl, ToolEnv
+from ._toolset import _NoSessionControl
 
 __all__ = [
     "LinesOnlyMatcher",
@@ -29,6 +33,7 @@ __all__ = [
     "RecordingHooks",
     "RecordingUsage",
     "noop_logger",
+    "tool_env",
     "workspace_context",
 ]
 
@@ -54,6 +59,50 @@ class LinesOnlyMatcher:
         return self._inner.search_lines(text, limit)
 
 
+PolicyT = TypeVar("PolicyT", bound=AttrsInstance)
+ModuleT = TypeVar("ModuleT")
+
+
+class _StaticToolEnv(Generic[PolicyT, ModuleT]):
+    __slots__ = ("_module", "policy", "regex_engine", "session")
+
+    def __init__(
+        self,
+        policy: PolicyT,
+        module: ModuleT,
+        regex_engine: RegexEngine,
+        session: SessionControl,
+    ) -> None:
+        self.policy = policy
+        self._module = module
+        self.regex_engine = regex_engine
+        self.session = session
+
+    async def module(self) -> ModuleT:
+        return self._module
+
+
+def tool_env(
+    policy: PolicyT,
+    module: ModuleT,
+    *,
+    regex_engine: RegexEngine | None = None,
+    session: SessionControl | None = None,
+) -> ToolEnv[PolicyT, ModuleT]:
+    """A :class:`corral.ToolEnv` over a policy and a (fake) module, to test a handler alone.
+
+    ``await handler(tool_env(MyPolicy(), FakeModule()), MyArgs(...))`` runs one
+    tool's logic without a provider, registry or toolset. Without ``session``,
+    ``env.session`` refuses as it does for a capability that did not ask for it.
+    """
+    return _StaticToolEnv(
+        policy,
+        module,
+        regex_engine or RegexModuleEngine(),
+        session if session is not None else _NoSessionControl("test"),
+    )
+
+
 def noop_logger() -> logging.Logger:
     """A logger that drops everything."""
     logger = logging.getLogger("corral.testing.noop")
@@ -70,25 +119,25 @@ class RecordingHooks:
     """Synchronous hooks that remember every event, for assertions."""
 
     def __init__(self) -> None:
-        self.events: list[Any] = []
+        self.events: list[WorkspaceEvent] = []
 
-    def on_open(self, event: Any) -> None:
+    def on_open(self, event: WorkspaceEvent) -> None:
         """Record."""
         self.events.append(event)
 
-    def on_close(self, event: Any) -> None:
+    def on_close(self, event: WorkspaceEvent) -> None:
         """Record."""
         self.events.append(event)
 
-    def on_evicted(self, event: Any) -> None:
+    def on_evicted(self, event: WorkspaceEvent) -> None:
         """Record."""
         self.events.append(event)
 
-    def on_eviction_retry(self, event: Any) -> None:
+    def on_eviction_retry(self, event: WorkspaceEvent) -> None:
         """Record."""
         self.events.append(event)
 
-    def on_snapshot(self, event: Any) -> None:
+    def on_snapshot(self, event: WorkspaceEvent) -> None:
         """Record."""
         self.events.append(event)
 
