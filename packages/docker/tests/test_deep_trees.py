@@ -53,15 +53,34 @@ async def deep_tree_scenario(provider: Any, config: corral.ProviderConfig) -> No
     close leaves no trash, and opens keep working."""
     opened = await provider.open(config, corral.SessionRef("deep"))
     ws = opened.workspace
-    fs = ws.fs
+    fs, snap = ws.fs, ws.snapshot
     assert fs is not None
-    assert ws.snapshot is None  # docker has no snapshot module (yet): nothing to exercise
+    assert snap is not None
     await fs.write_file("/small.txt", b"small\n")
+    small = await snap.snapshot("small")
     await build_deep(ws)
     assert {e.name for e in await fs.ls("/")} == {"d", "small.txt"}
     assert (await fs.stat("/d")).type == "dir"
     await _clean(fs.glob("**/leaf.txt"))
     await _clean(fs.grep(corral.RegexModuleEngine().compile("needle"), corral.GrepOptions()))
+    deep = await snap.snapshot("deep")  # a 10,000-level tree is a version like any other
+    assert isinstance(snap, corral.Versions)
+    found = await snap.grep_at(
+        deep.snapshot_id, corral.RegexModuleEngine().compile("needle"), corral.GrepOptions()
+    )
+    assert [m.line for m in found.matches] == ["needle"]
+    await snap.restore(small.snapshot_id)  # by difference: the deep tree is removed
+    assert [e.name for e in await fs.ls("/")] == ["small.txt"]
+    await snap.restore(deep.snapshot_id)  # and brought back, 10,000 levels of it
+    assert {e.name for e in await fs.ls("/")} == {"d", "small.txt"}
+    # ... owned by the container user, who can write into it again.
+    assert ws.shell is not None
+    touched = await ws.shell.run(corral.CommandRequest("touch d/d/mine"))
+    assert touched.exit_code == 0, touched.stderr
+    branch = await provider.resolve(await snap.branch(deep.snapshot_id))
+    assert branch.fs is not None
+    assert {e.name for e in await branch.fs.ls("/")} == {"d", "small.txt"}
+    await branch.close()
     await build_deep(ws)
     await fs.rm("/d", recursive=True)
     assert [e.name for e in await fs.ls("/")] == ["small.txt"]

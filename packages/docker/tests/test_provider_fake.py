@@ -48,7 +48,7 @@ async def test_open_creates_one_hardened_labelled_container(
     assert all(fake.running.values())
     # The ref rebuilds the container; it never names one.
     assert opened.ref.schema_version == 2
-    assert opened.ref.capabilities == {"fs", "shell"}
+    assert opened.ref.capabilities == {"fs", "shell", "snapshot"}
     text = corral.ref_to_json(opened.ref)
     (cid,) = fake.specs
     assert cid not in text

@@ -14,12 +14,12 @@ from corral_local_sandbox import (
     BwrapWrapper,
     NetworkPolicy,
     ProtectedPath,
-    ResourceLimits,
+    SandboxLimits,
     SandboxPolicy,
     build_bwrap_args,
 )
 from corral_local_sandbox._bwrap import EXEC_SHIM, LAUNCHER, sandbox_env
-from corral_posix._wrapper import WrapContext
+from corral_posix import WrapContext
 
 FEATURES = BwrapFeatures(disable_userns=True, tmpfs_size=True)
 
@@ -151,7 +151,7 @@ def test_sandbox_env_defaults_path() -> None:
 def test_direct_launch_without_seccomp_or_cgroup(tmp_path: Path) -> None:
     wrapper = BwrapWrapper(
         bwrap="/usr/bin/bwrap",
-        policy=SandboxPolicy(limits=ResourceLimits(processes=None)),
+        policy=SandboxPolicy(limits=SandboxLimits(processes=None)),
         features=FEATURES,
         prlimit="/usr/bin/prlimit",
     )
@@ -179,7 +179,7 @@ def test_launcher_joins_every_cgroup_before_bwrap(tmp_path: Path) -> None:
 def test_exec_shim_only_where_bwrap_could_not_report_127_or_126(tmp_path: Path) -> None:
     wrapper = BwrapWrapper(
         bwrap="/usr/bin/bwrap",
-        policy=SandboxPolicy(limits=ResourceLimits(processes=None)),
+        policy=SandboxPolicy(limits=SandboxLimits(processes=None)),
         features=FEATURES,
         cgroup_procs=("/sys/fs/cgroup/pids/x/cgroup.procs",),
     )

@@ -63,12 +63,22 @@ async def deep_tree_scenario(provider: Any, config: corral.ProviderConfig) -> No
     assert (await fs.stat("/d")).type == "dir"
     await _clean(fs.glob("**/leaf.txt"))
     await _clean(fs.grep(corral.RegexModuleEngine().compile("needle"), corral.GrepOptions()))
-    deep_snap = await _clean(snap.snapshot("deep"))
-    assert deep_snap is None  # deeper than a snapshot may be: refused cleanly
-    await snap.restore(small.snapshot_id)  # the deep tree goes to the trash
+    deep = await snap.snapshot("deep")  # a 10,000-level tree is a version like any other
+    assert isinstance(snap, corral.Versions)
+    found = await snap.grep_at(
+        deep.snapshot_id, corral.RegexModuleEngine().compile("needle"), corral.GrepOptions()
+    )
+    assert [m.line for m in found.matches] == ["needle"]
+    await snap.restore(small.snapshot_id)  # by difference: the deep tree is removed
     assert [e.name for e in await fs.ls("/")] == ["small.txt"]
-    branch = await provider.resolve(await snap.branch(small.snapshot_id))
+    await snap.restore(deep.snapshot_id)  # and brought back, 10,000 levels of it
+    assert {e.name for e in await fs.ls("/")} == {"d", "small.txt"}
+    branch = await provider.resolve(await snap.branch(deep.snapshot_id))
+    assert branch.fs is not None
+    assert {e.name for e in await branch.fs.ls("/")} == {"d", "small.txt"}
     await branch.close()
+    await snap.restore(small.snapshot_id)
+    assert [e.name for e in await fs.ls("/")] == ["small.txt"]
     await build_deep(ws)
     await fs.rm("/d", recursive=True)
     assert [e.name for e in await fs.ls("/")] == ["small.txt"]

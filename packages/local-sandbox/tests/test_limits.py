@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import corral
-from corral_local_sandbox import LocalSandboxProvider, ResourceLimits
+from corral_local_sandbox import LocalSandboxProvider, SandboxLimits
 from corral_local_sandbox._quota import measure
 
 MIB = 1024 * 1024
@@ -107,10 +107,10 @@ async def test_exec_failures_exit_127_and_126(open_ws: Any, sh: Callable[..., An
 
 
 def test_file_size_limit_never_exceeds_the_quota() -> None:
-    assert ResourceLimits(disk_bytes=5 * MIB).effective_file_size() == 5 * MIB
-    assert ResourceLimits(disk_bytes=None).effective_file_size() == 1024**3
-    assert ResourceLimits(file_size_bytes=None, disk_bytes=None).effective_file_size() is None
-    assert "--fsize=5242880:5242880" in ResourceLimits(disk_bytes=5 * MIB).prlimit_args()
+    assert SandboxLimits(disk_bytes=5 * MIB).effective_file_size() == 5 * MIB
+    assert SandboxLimits(disk_bytes=None).effective_file_size() == 1024**3
+    assert SandboxLimits(file_size_bytes=None, disk_bytes=None).effective_file_size() is None
+    assert "--fsize=5242880:5242880" in SandboxLimits(disk_bytes=5 * MIB).prlimit_args()
 
 
 def test_measure_counts_blocks_once_per_inode(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from corral_local_sandbox import DEFAULT_PROTECTED_PATHS, _protect
 from corral_local_sandbox._gitconfig import git_config_is_safe
-from corral_local_sandbox._protect import PathGuard
+from corral_local_sandbox._protect import ProtectedPathChecker
 from corral_posix import remove_tree_at
 
 HAS_GIT = shutil.which("git") is not None
@@ -28,18 +28,18 @@ GIT_INIT_CONFIG = (
 
 def _guard(
     tmp: Path, validator: Callable[[bytes, str], bool] = git_config_is_safe
-) -> tuple[PathGuard, Path, Path]:
+) -> tuple[ProtectedPathChecker, Path, Path]:
     root, state = tmp / "ws", tmp / "state"
     root.mkdir(exist_ok=True)
     state.mkdir(exist_ok=True)
-    guard = PathGuard(
+    guard = ProtectedPathChecker(
         str(root), str(state), DEFAULT_PROTECTED_PATHS, validators={".git/config": validator}
     )
     return guard, root, state
 
 
-def _command(guard: PathGuard, action: Callable[[], object]) -> list[str]:
-    """Bracket ``action`` (standing in for a sandboxed command) like GuardedShell does."""
+def _command(guard: ProtectedPathChecker, action: Callable[[], object]) -> list[str]:
+    """Bracket ``action`` (standing in for a sandboxed command) like ProtectedShell does."""
     before = guard.check()
     assert before.clean
     action()
@@ -160,7 +160,7 @@ def test_a_plant_is_caught_by_another_guard_of_the_same_workspace(tmp_path: Path
     guard, root, state = _guard(tmp_path)
     assert guard.check().clean
     _plant_hook(root)  # ...during a command whose process then dies before its check
-    other = PathGuard(str(root), str(state), DEFAULT_PROTECTED_PATHS)
+    other = ProtectedPathChecker(str(root), str(state), DEFAULT_PROTECTED_PATHS)
     assert other.try_check_fast() is None  # it has work to do: never trusted on the fast path
     assert other.check().notes
     assert not (root / ".git" / "hooks").exists()
@@ -197,7 +197,9 @@ def test_acceptance_is_cached_by_identity_and_content(tmp_path: Path) -> None:
     assert guard.check().notes == ()
     assert guard.check().notes == ()
     assert guard.try_check_fast() == _protect.CheckResult()  # a hit needs no thread
-    other = PathGuard(str(root), str(state), DEFAULT_PROTECTED_PATHS, {".git/config": validator})
+    other = ProtectedPathChecker(
+        str(root), str(state), DEFAULT_PROTECTED_PATHS, {".git/config": validator}
+    )
     assert other.check().notes == ()
     assert len(calls) == 1  # validated once, for both guards (the cache is on disk)
     # Same size, same mtime: only the content hash can tell.

@@ -12,7 +12,7 @@ import pytest
 
 import corral
 import corral_local_sandbox
-from corral_local_sandbox import LocalSandboxProvider, ResourceLimits
+from corral_local_sandbox import LocalSandboxProvider, SandboxLimits
 from corral_local_sandbox._cgroup import base_tag
 
 
@@ -68,7 +68,7 @@ def test_bad_options(options: dict[str, Any]) -> None:
 
 
 def test_limits_defaults_and_prlimit_args() -> None:
-    limits = ResourceLimits(cpu_seconds=None)
+    limits = SandboxLimits(cpu_seconds=None)
     args = limits.prlimit_args()
     assert "--nproc=256:256" in args
     assert "--core=0:0" in args

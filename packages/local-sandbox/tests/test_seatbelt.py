@@ -20,7 +20,7 @@ from corral_local_sandbox import (
     seatbelt_params,
     seatbelt_profile,
 )
-from corral_posix._wrapper import WrapContext
+from corral_posix import WrapContext
 
 POLICY = SandboxPolicy(
     protected_paths=(ProtectedPath(".git/hooks", True), ProtectedPath(".bashrc"))

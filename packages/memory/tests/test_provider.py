@@ -256,14 +256,17 @@ def test_junk_payloads_are_rejected_without_echo(
         schema_version=version,
     )
 
-    async def attempt() -> corral.WorkspaceFailedError:
+    async def attempt(ref: corral.WorkspaceRef) -> corral.WorkspaceFailedError:
         with pytest.raises(corral.WorkspaceFailedError) as info:
             await InMemoryProvider().resolve(ref)
         return info.value
 
-    err = anyio.run(attempt)
+    err = anyio.run(attempt, ref)
+    # Words the provider says for an empty payload too ("supports None, 1, 2")
+    # are its own, not an echo of the payload.
+    own = anyio.run(attempt, attrs.evolve(ref, payload={})).message
     for text in _strings(payload):
-        if len(text) >= 4:
+        if len(text) >= 4 and text not in own:
             assert text not in err.message
 
 

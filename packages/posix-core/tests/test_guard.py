@@ -1,4 +1,4 @@
-"""ShellGuard: allowlist, shell syntax, environment denylist, cwd, audit log."""
+"""CommandChecker: allowlist, shell syntax, environment denylist, cwd, audit log."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral import CommandRequest, OperationError
-from corral_posix import ShellGuard
+from corral_posix import CommandChecker
 from corral_posix._audit import AuditLog
 from corral_posix._env import denied_reason, sanitize_path
 
@@ -21,7 +21,7 @@ def req(command: str, **kw: object) -> CommandRequest:
     return CommandRequest(command, **kw)  # type: ignore[arg-type]
 
 
-def denied(guard: ShellGuard, request: CommandRequest) -> str:
+def denied(guard: CommandChecker, request: CommandRequest) -> str:
     with pytest.raises(OperationError) as info:
         guard.check_request(request)
     assert info.value.code == "policy_denied", info.value.message
@@ -47,7 +47,7 @@ def denied(guard: ShellGuard, request: CommandRequest) -> str:
     ],
 )
 def test_metacharacters_rejected_without_shell_syntax(command: str, char: str, what: str) -> None:
-    message = denied(ShellGuard(), req(command))
+    message = denied(CommandChecker(), req(command))
     assert message == (
         f"command uses shell syntax ({char!r}, {what}), which is not allowed; "
         "run a single program with arguments"
@@ -56,7 +56,7 @@ def test_metacharacters_rejected_without_shell_syntax(command: str, char: str, w
 
 @pytest.mark.parametrize(("command", "char"), [("ls *.py", "*"), ("ls a?", "?"), ("ls [ab]", "[")])
 def test_globs_rejected_without_shell_syntax(command: str, char: str) -> None:
-    message = denied(ShellGuard(), req(command))
+    message = denied(CommandChecker(), req(command))
     assert message == (
         f"command uses a glob ({char!r}), which is not allowed without shell syntax; "
         "name the files explicitly"
@@ -73,11 +73,11 @@ def test_globs_rejected_without_shell_syntax(command: str, char: str) -> None:
     ],
 )
 def test_quoted_metacharacters_are_plain_arguments(command: str, argv: list[str]) -> None:
-    assert ShellGuard().check_command(req(command)) == argv
+    assert CommandChecker().check_command(req(command)) == argv
 
 
 def test_shell_syntax_mode_runs_sh_c() -> None:
-    guard = ShellGuard()
+    guard = CommandChecker()
     assert guard.check_command(req("ls | wc -l", allow_shell_syntax=True)) == [
         "sh",
         "-c",
@@ -98,13 +98,13 @@ def test_shell_syntax_mode_runs_sh_c() -> None:
 )
 def test_malformed_commands(command: str, code: str) -> None:
     with pytest.raises(OperationError) as info:
-        ShellGuard().check_request(req(command))
+        CommandChecker().check_request(req(command))
     assert info.value.code == code
 
 
 def test_oversized_command() -> None:
     with pytest.raises(OperationError, match="longer than") as info:
-        ShellGuard().check_request(req("echo " + "a" * 70_000))
+        CommandChecker().check_request(req("echo " + "a" * 70_000))
     assert info.value.code == "invalid_argument"
 
 
@@ -130,11 +130,11 @@ PATH_DENIED = (
     ],
 )
 def test_allowlist_in_argv_mode(command: str, message: str) -> None:
-    assert denied(ShellGuard(), req(command, allowed_commands=ALLOW)) == message
+    assert denied(CommandChecker(), req(command, allowed_commands=ALLOW)) == message
 
 
 def test_allowlist_exact_path_entry_is_allowed() -> None:
-    guard = ShellGuard()
+    guard = CommandChecker()
     assert guard.check_command(req("/bin/ls -l", allowed_commands={"/bin/ls"})) == ["/bin/ls", "-l"]
     assert guard.check_command(req("ls -l", allowed_commands=ALLOW)) == ["ls", "-l"]
 
@@ -193,7 +193,7 @@ def test_allowlist_exact_path_entry_is_allowed() -> None:
 )
 def test_allowlist_in_shell_mode_checks_every_simple_command(command: str, message: str) -> None:
     assert (
-        denied(ShellGuard(), req(command, allowed_commands=ALLOW, allow_shell_syntax=True))
+        denied(CommandChecker(), req(command, allowed_commands=ALLOW, allow_shell_syntax=True))
         == message
     )
 
@@ -204,7 +204,7 @@ def test_allowlist_in_shell_mode_checks_every_simple_command(command: str, messa
 def test_unsafe_builtins_refused_even_when_listed(builtin: str) -> None:
     allowed = ALLOW | {builtin}
     message = denied(
-        ShellGuard(), req(f"{builtin} curl", allowed_commands=allowed, allow_shell_syntax=True)
+        CommandChecker(), req(f"{builtin} curl", allowed_commands=allowed, allow_shell_syntax=True)
     )
     assert message == f"built-in {builtin!r} is not allowed while an allowlist is set"
 
@@ -219,7 +219,9 @@ def test_unsafe_builtins_refused_even_when_listed(builtin: str) -> None:
     ],
 )
 def test_allowlist_shell_mode_accepts_listed_pipelines(command: str) -> None:
-    argv = ShellGuard().check_command(req(command, allowed_commands=ALLOW, allow_shell_syntax=True))
+    argv = CommandChecker().check_command(
+        req(command, allowed_commands=ALLOW, allow_shell_syntax=True)
+    )
     assert argv == ["sh", "-c", command]
 
 
@@ -256,24 +258,24 @@ def test_allowlist_shell_mode_accepts_listed_pipelines(command: str) -> None:
 def test_env_denylist(name: str, reason: str) -> None:
     assert denied_reason(name) == reason
     secret_value = "s3cr3t-value-never-shown"
-    message = denied(ShellGuard(), req("ls", env={name: secret_value}))
+    message = denied(CommandChecker(), req("ls", env={name: secret_value}))
     assert message == f"environment variable {name!r} is not allowed ({reason})"
     assert secret_value not in message
 
 
 @pytest.mark.parametrize("name", ["FOO", "LANG", "TERM", "MY_SETTING", "HOME", "TZ", "PATH"])
 def test_env_allowed(name: str) -> None:
-    guarded = ShellGuard().check_request(req("ls", env={name: "v"}))
+    guarded = CommandChecker().check_request(req("ls", env={name: "v"}))
     assert guarded.env == {name: "v"}
 
 
 def test_path_env_refused_with_allowlist() -> None:
-    message = denied(ShellGuard(), req("ls", env={"PATH": "/tmp"}, allowed_commands=ALLOW))
+    message = denied(CommandChecker(), req("ls", env={"PATH": "/tmp"}, allowed_commands=ALLOW))
     assert "PATH cannot be changed while an allowlist is set" in message
 
 
 def test_check_env_direct() -> None:
-    guard = ShellGuard()
+    guard = CommandChecker()
     assert guard.check_env({"A": "1"}) == {"A": "1"}
     with pytest.raises(OperationError) as info:
         guard.check_env({"LD_PRELOAD": "x"})
@@ -291,19 +293,19 @@ def test_sanitize_path_drops_relative_entries() -> None:
 @pytest.mark.parametrize("cwd", ["..", "/../x", "a/../../b"])
 def test_cwd_lexical_escape(cwd: str) -> None:
     with pytest.raises(OperationError) as info:
-        ShellGuard().check_request(req("ls", cwd=cwd))
+        CommandChecker().check_request(req("ls", cwd=cwd))
     assert info.value.code == "invalid_path"
 
 
 def test_cwd_helpers(tmp_path: Path) -> None:
-    assert ShellGuard.relative_cwd(None) == "."
-    assert ShellGuard.relative_cwd("/a/./b/") == "a/b"
+    assert CommandChecker.relative_cwd(None) == "."
+    assert CommandChecker.relative_cwd("/a/./b/") == "a/b"
     (tmp_path / "d").mkdir()
     (tmp_path / "f").write_text("x")
     (tmp_path / "out").symlink_to("/etc")
     root = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fd = ShellGuard.open_cwd(root, "/d")
+        fd = CommandChecker.open_cwd(root, "/d")
         assert os.path.samestat(os.fstat(fd), os.stat(tmp_path / "d"))
         os.close(fd)
         for cwd, code in [
@@ -312,7 +314,7 @@ def test_cwd_helpers(tmp_path: Path) -> None:
             ("/out", "invalid_path"),
         ]:
             with pytest.raises(OperationError) as info:
-                ShellGuard.open_cwd(root, cwd)
+                CommandChecker.open_cwd(root, cwd)
             assert info.value.code == code, cwd
     finally:
         os.close(root)
@@ -320,7 +322,7 @@ def test_cwd_helpers(tmp_path: Path) -> None:
 
 def test_audit_records_accepted_and_rejected(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="corral.shell.audit")
-    guard = ShellGuard()
+    guard = CommandChecker()
     guard.check_request(req("ls -l", env={"FOO": "hidden-value"}))
     with pytest.raises(OperationError):
         guard.check_request(req("curl x", allowed_commands=ALLOW))
@@ -337,7 +339,7 @@ def test_audit_records_accepted_and_rejected(caplog: pytest.LogCaptureFixture) -
 
 def test_audit_log_line_injection_is_neutralised(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="corral.shell.audit")
-    ShellGuard().check_request(req("echo 'a\nrejected command=fake'", allow_shell_syntax=True))
+    CommandChecker().check_request(req("echo 'a\nrejected command=fake'", allow_shell_syntax=True))
     (record,) = caplog.records
     assert "\n" not in record.getMessage()
 
@@ -359,7 +361,7 @@ def test_audit_rate_limit(caplog: pytest.LogCaptureFixture) -> None:
 
 def test_audit_rate_limit_via_guard(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="corral.shell.audit")
-    guard = ShellGuard(audit_max_per_minute=5)
+    guard = CommandChecker(audit_max_per_minute=5)
     for _ in range(50):
         guard.check_request(req("ls"))
     assert len(caplog.records) == 5
@@ -375,7 +377,7 @@ def test_argv_mode_splits_exactly_like_sh(command: str) -> None:
     accepts, sh would split into the very same words (so refusing shell
     syntax loses nothing and no operator sneaks through as an argument)."""
     try:
-        argv = ShellGuard().check_command(req("x " + command))
+        argv = CommandChecker().check_command(req("x " + command))
     except OperationError as exc:
         codes = {exc.code}
         assert codes <= {"policy_denied", "invalid_argument"}

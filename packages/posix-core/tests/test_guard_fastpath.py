@@ -1,4 +1,4 @@
-"""ShellGuard's fast paths give exactly the decisions of the full checks."""
+"""CommandChecker's fast paths give exactly the decisions of the full checks."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral import CommandRequest, OperationError
-from corral_posix import ShellGuard
+from corral_posix import CommandChecker
 from corral_posix._audit import AuditLog
+from corral_posix._checker import _split_argv, _split_plain
 from corral_posix._env import denied_reason
-from corral_posix._guard import _split_argv, _split_plain
 from corral_posix._resolve import open_beneath
 
 Outcome = tuple[str, ...]
@@ -29,10 +29,10 @@ _ALLOW = frozenset({"ls", "a", "b.c", "/bin/ls", "x=1"})
 
 def _outcome(command: str, allowed: frozenset[str] | None, *, fast: bool) -> Outcome:
     request = CommandRequest(command, allowed_commands=allowed)
-    guard = ShellGuard(audit_logger=logging.getLogger("test.fastpath.audit"))
+    guard = CommandChecker(audit_logger=logging.getLogger("test.fastpath.audit"))
     with pytest.MonkeyPatch.context() as patch:
         if not fast:
-            patch.setattr("corral_posix._guard._split_plain", lambda _command: None)
+            patch.setattr("corral_posix._checker._split_plain", lambda _command: None)
         try:
             return ("ok", *guard.check_command(request))
         except OperationError as exc:
@@ -111,7 +111,7 @@ def test_root_cwd_opens_the_root_itself(tmp_path: Path) -> None:
     root = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for cwd in (None, "/", ".", "/./"):
-            fd = ShellGuard.open_cwd(root, cwd)
+            fd = CommandChecker.open_cwd(root, cwd)
             try:
                 assert os.path.samestat(os.fstat(fd), os.fstat(root))
                 assert fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
@@ -127,7 +127,7 @@ def test_root_cwd_on_a_file_fails_like_open_beneath(tmp_path: Path) -> None:
     not_dir = os.open(tmp_path / "f", os.O_RDONLY)
     try:
         with pytest.raises(OperationError) as fast:
-            ShellGuard.open_cwd(not_dir, None)
+            CommandChecker.open_cwd(not_dir, None)
         with pytest.raises(OperationError) as full:
             open_beneath(not_dir, (), os.O_RDONLY | os.O_DIRECTORY, follow_leaf=True)
         assert (fast.value.code, fast.value.message) == (full.value.code, full.value.message)
@@ -158,7 +158,7 @@ def test_audit_budget_is_spent_even_when_info_is_disabled(
 
 def test_guard_accepts_dict_env_names_sorted(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="test.env.audit")
-    guard = ShellGuard(audit_logger=logging.getLogger("test.env.audit"))
+    guard = CommandChecker(audit_logger=logging.getLogger("test.env.audit"))
     guard.check_request(CommandRequest("ls", env={"ZED": "1", "ALPHA": "2"}))
     (record,) = caplog.records
     assert record.corral_audit["env"] == ["ALPHA", "ZED"]  # type: ignore[attr-defined]
@@ -181,7 +181,7 @@ def test_denied_reason_same_for_short_and_long_names(name: str, reason: str | No
 
 @pytest.mark.parametrize("command", ["ls\r-rf", "ls \r", "\rls"])
 def test_carriage_return_is_refused_in_argv_mode(command: str) -> None:
-    guard = ShellGuard()
+    guard = CommandChecker()
     with pytest.raises(OperationError) as info:
         guard.check_command(CommandRequest(command))
     assert info.value.code == "invalid_argument"

@@ -16,8 +16,8 @@ import pytest
 from corral import CommandRequest, ExecResult, OperationError, Shell, WorkspaceEvictedError
 from corral_posix import (
     IDENTITY_WRAPPER,
-    ResourceLimits,
-    ShellGuard,
+    CommandChecker,
+    ProcessLimits,
     SubprocessShell,
     WrapContext,
     WrappedCommand,
@@ -239,7 +239,7 @@ async def test_truncation_does_not_split_utf8(shell: SubprocessShell) -> None:
 
 
 async def test_rlimits_applied(tmp_path: Path) -> None:
-    sh = SubprocessShell(tmp_path, limits=ResourceLimits(open_files=64, file_size_bytes=4096))
+    sh = SubprocessShell(tmp_path, limits=ProcessLimits(open_files=64, file_size_bytes=4096))
     try:
         result = await run(sh, "sh -c 'ulimit -n; ulimit -c; ulimit -f'")
         assert result.stdout.split() == ["64", "0", "8"]  # -f is in 512-byte blocks
@@ -250,7 +250,7 @@ async def test_rlimits_applied(tmp_path: Path) -> None:
     finally:
         await sh.aclose()
     with pytest.raises(ValueError, match="open_files must be at least 16"):
-        ResourceLimits(open_files=3)
+        ProcessLimits(open_files=3)
 
 
 async def test_evicted_root(tmp_path: Path) -> None:
@@ -318,7 +318,7 @@ class RecordingWrapper:
 async def test_custom_wrapper_runs_after_guards(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     wrapper = RecordingWrapper()
-    sh = SubprocessShell(tmp_path, wrapper=wrapper, guard=ShellGuard())
+    sh = SubprocessShell(tmp_path, wrapper=wrapper, checker=CommandChecker())
     try:
         result = await run(sh, "env", cwd="/sub", env={"FOO": "1"})
         assert result.stdout == "WRAPPED=1\n"  # the wrapper's argv is what ran

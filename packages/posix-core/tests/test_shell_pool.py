@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from corral import CommandRequest, ExecResult, OperationError
-from corral_posix import ResourceLimits, SubprocessShell
+from corral_posix import ProcessLimits, SubprocessShell
 from corral_posix import _supervisor as supervisor_module
 
 pytestmark = pytest.mark.anyio
@@ -93,7 +93,7 @@ async def test_reused_reaper_has_no_leftover_processes(shell: SubprocessShell) -
 
 
 async def test_pools_per_limits_keep_their_own_rlimits(tmp_path: Path) -> None:
-    low = SubprocessShell(tmp_path, limits=ResourceLimits(open_files=77, file_size_bytes=5120))
+    low = SubprocessShell(tmp_path, limits=ProcessLimits(open_files=77, file_size_bytes=5120))
     default = SubprocessShell(tmp_path)
     probe = "sh -c 'echo $PPID; ulimit -n; ulimit -f'"
     try:
@@ -142,7 +142,7 @@ async def test_idle_reaper_that_died_or_quit_is_replaced(
 ) -> None:
     # A limits value no other test (or backend) uses, so its pool starts empty.
     unique = {"asyncio": 313, "trio": 314}[anyio_backend]
-    sh = SubprocessShell(tmp_path, limits=ResourceLimits(open_files=unique))
+    sh = SubprocessShell(tmp_path, limits=ProcessLimits(open_files=unique))
     try:
         monkeypatch.setattr(supervisor_module, "REAPER_IDLE_S", 0.2)
         quitter = await reaper_of(sh)

@@ -33,8 +33,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from corral import CommandRequest, OperationError
-from corral_posix import ShellGuard
-from corral_posix._guard import allowlist_programs
+from corral_posix import CommandChecker
+from corral_posix._checker import allowlist_programs
 
 ALLOWED = frozenset({"ls", "echo", "cat", "wc", "tool", "true"})
 DENIED = ("touch", "curl", "evil", "S1")
@@ -296,7 +296,7 @@ def guard_reading(script: str) -> set[str] | None:
     """The command words the guard checked, or None if it refused the script."""
     request = CommandRequest(script, allowed_commands=ALLOWED, allow_shell_syntax=True)
     try:
-        ShellGuard().check_command(request)
+        CommandChecker().check_command(request)
     except OperationError as exc:
         refused = exc
     else:
@@ -384,7 +384,7 @@ def test_ordinary_scripts_stay_accepted(script: str, sandbox: tuple[Path, Path, 
 def test_unreadable_constructs_are_refused(script: str) -> None:
     request = CommandRequest(script, allowed_commands=ALLOWED, allow_shell_syntax=True)
     with pytest.raises(OperationError) as info:
-        ShellGuard().check_command(request)
+        CommandChecker().check_command(request)
     assert info.value.code == "policy_denied"
     assert "touch" not in info.value.message  # never echoes the script
 
@@ -392,7 +392,7 @@ def test_unreadable_constructs_are_refused(script: str) -> None:
 def test_without_allowlist_the_constructs_still_run() -> None:
     """The refusals only apply while an allowlist is set."""
     script = 'cat <<"A B"\nA B\n'
-    argv = ShellGuard().check_command(CommandRequest(script, allow_shell_syntax=True))
+    argv = CommandChecker().check_command(CommandRequest(script, allow_shell_syntax=True))
     assert argv == ["sh", "-c", script]
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 
 from corral import OperationError, WorkspaceEvictedError, WorkspaceRef
 from corral_posix import TmpdirLayout, TmpdirSnapshotter
+from corral_posix._manifest import decode
 
 Tree = dict[str, tuple[Any, ...]]
 
@@ -106,7 +106,7 @@ async def test_restore_brings_back_the_exact_tree(layout: TmpdirLayout) -> None:
         "snaptest", {"workspace": os.path.basename(root)}, {"fs", "snapshot"}, 2
     )
     assert capture(root) == before
-    assert fs.reattached == 1
+    assert fs.reattached == 0  # restored in place: the root fd stays valid
     # Nothing left over beside the workspaces.
     leftovers = [n for n in os.listdir(layout.base_dir) if n.startswith(".")]
     assert leftovers == []
@@ -140,7 +140,7 @@ async def test_list_is_oldest_first_and_delete_removes(layout: TmpdirLayout) -> 
     await snap.delete(ids[1])
     assert [s.snapshot_id for s in await snap.list()] == [ids[0], ids[2]]
     assert sorted(os.listdir(layout.snapshot_path(os.path.basename(root)))) == sorted(
-        [f"{ids[0]}.tar.gz", f"{ids[0]}.json", f"{ids[2]}.tar.gz", f"{ids[2]}.json"]
+        [f"{ids[0]}.manifest", f"{ids[0]}.json", f"{ids[2]}.manifest", f"{ids[2]}.json"]
     )
     with pytest.raises(OperationError) as info:
         await snap.delete(ids[1])
@@ -224,15 +224,19 @@ async def test_closed_snapshotter_refuses(layout: TmpdirLayout) -> None:
 
 
 @pytest.mark.anyio
-async def test_tarball_stores_no_owner_and_no_setuid(layout: TmpdirLayout) -> None:
+async def test_version_stores_no_owner_and_no_setuid(layout: TmpdirLayout) -> None:
     snap, root = make(layout)
     Path(root, "suid").write_text("x")
     os.chmod(os.path.join(root, "suid"), 0o4755)
     info = await snap.snapshot()
-    tar_path = os.path.join(
-        layout.snapshot_path(os.path.basename(root)), f"{info.snapshot_id}.tar.gz"
-    )
-    with tarfile.open(tar_path) as tar:
-        (member,) = tar.getmembers()
-    assert member.mode == 0o755
-    assert (member.uid, member.gid, member.uname, member.gname) == (0, 0, "", "")
+    raw = Path(
+        layout.snapshot_path(os.path.basename(root)), f"{info.snapshot_id}.manifest"
+    ).read_bytes()
+    manifest = decode(raw, max_entries=10, max_bytes=10)
+    assert manifest.name == ["", "suid"]
+    assert manifest.mode[1] == 0o755
+    # Seven fields per entry, none of them an owner: nothing about the host user is kept.
+    assert len(raw.decode().split("\0")) == 1 + 2 * 7
+    os.chmod(os.path.join(root, "suid"), 0o4700)
+    await snap.restore(info.snapshot_id)
+    assert stat.S_IMODE(os.stat(os.path.join(root, "suid")).st_mode) == 0o755

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import os
@@ -44,9 +43,11 @@ def layout(tmp_path: Path) -> TmpdirLayout:
     return TmpdirLayout("snaptest", tmp_path / "root")
 
 
-def _tar_bytes(layout: TmpdirLayout, root: str, snapshot_id: str) -> bytes:
-    path = Path(layout.snapshot_path(os.path.basename(root))) / f"{snapshot_id}.tar.gz"
-    return gzip.decompress(path.read_bytes())
+def _version_bytes(layout: TmpdirLayout, root: str, snapshot_id: str) -> bytes:
+    """Everything a version stored: its manifest and every blob in the store."""
+    path = Path(layout.snapshot_path(os.path.basename(root))) / f"{snapshot_id}.manifest"
+    blobs = [p.read_bytes() for p in Path(layout.base_dir, "store").glob("??/*")]
+    return b"".join([path.read_bytes(), *blobs])
 
 
 @pytest.mark.anyio
@@ -57,7 +58,7 @@ async def test_snapshot_does_not_follow_links_outside(layout: TmpdirLayout, outs
     os.symlink("../../../outside", os.path.join(root, "relative-escape"))
     Path(root, "real.txt").write_text("mine")
     info = await snap.snapshot()
-    raw = _tar_bytes(layout, root, info.snapshot_id)
+    raw = _version_bytes(layout, root, info.snapshot_id)
     assert CANARY not in raw
     assert b"nested.txt" not in raw
     assert b"mine" in raw

@@ -12,6 +12,7 @@ from corral import WorkspaceEvictedError, WorkspaceFailedError
 from ._engine import (
     ContainerNotFoundError,
     DockerEngine,
+    EngineClientMissingError,
     EngineError,
     EngineUnavailableError,
     ImageNotFoundError,
@@ -27,15 +28,18 @@ PROVIDER_ID = "docker"
 
 def engine_failure(exc: EngineError, *, where: str) -> WorkspaceFailedError:
     """The WorkspaceFailedError for an engine error at open/resolve time."""
-    if isinstance(exc, EngineUnavailableError):
+    if isinstance(exc, EngineClientMissingError):
+        msg = f"docker: {exc.message} ({where})"
+    elif isinstance(exc, EngineUnavailableError):
         msg = (
             f"docker: cannot reach the Docker daemon ({where}); start dockerd, check "
             "DOCKER_HOST / the base_url option, and that this user may use the socket"
         )
     elif isinstance(exc, ImageNotFoundError):
         msg = (
-            "docker: the configured image is not present and could not be pulled; "
-            "pull or build it on the engine (docker pull / docker build) or set the image option"
+            f"docker: the configured image is not present and could not be pulled "
+            f"({exc.message}; at {where}); pull or build it on the engine "
+            "(docker pull / docker build) or set the image option"
         )
     else:
         msg = f"docker: {exc.message} ({where})"

@@ -18,6 +18,7 @@ __all__ = [
     "ContainerNotFoundError",
     "ContainerSpec",
     "DockerEngine",
+    "EngineClientMissingError",
     "EngineError",
     "EngineUnavailableError",
     "ExecOutput",
@@ -44,6 +45,13 @@ class EngineError(Exception):
 
 class EngineUnavailableError(EngineError):
     """No daemon answers at the configured address."""
+
+
+class EngineClientMissingError(EngineUnavailableError):
+    """This side lacks what the configured address needs (paramiko for ssh://).
+
+    Its message is the advice itself; "start dockerd" would be wrong here.
+    """
 
 
 class ImageNotFoundError(EngineError):

@@ -12,11 +12,11 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
 import anyio.to_thread
 
-from corral import FileEntry, FileStat, FileSystem, GrepOptions, GrepResult, Matcher, path_parts
+from corral import FileSystem, ForwardingFileSystem, path_parts
 
 __all__ = ["OwnedFileSystem", "chown_path", "prepare_root"]
 
@@ -60,8 +60,11 @@ def chown_path(root: str, parts: Sequence[str], uid: int, gid: int) -> None:
             os.close(fd)
 
 
-class OwnedFileSystem:
+class OwnedFileSystem(ForwardingFileSystem):
     """A host FileSystem whose writes end up owned by the container user.
+
+    Only the calls that create or replace a path differ from ``inner``:
+    each hands what it touched to the container user afterwards.
 
     Args:
         inner: posix-core's TmpdirFileSystem over the workspace root.
@@ -70,24 +73,15 @@ class OwnedFileSystem:
         gid: Container group id.
     """
 
-    def __init__(self, inner: Any, root: str, uid: int, gid: int) -> None:
-        self._inner: FileSystem = inner
+    def __init__(self, inner: FileSystem, root: str, uid: int, gid: int) -> None:
+        super().__init__(inner)
         self._root = root
         self._uid = uid
         self._gid = gid
 
-    @property
-    def inner(self) -> Any:
-        """The wrapped filesystem."""
-        return self._inner
-
     async def _own(self, path: str) -> None:
         parts = path_parts(path)
         await anyio.to_thread.run_sync(chown_path, self._root, parts, self._uid, self._gid)
-
-    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
-        """Read a file."""
-        return await self._inner.read_file(path, max_bytes=max_bytes)
 
     async def write_file(self, path: str, data: bytes) -> None:
         """Write a file, then hand it (and created parents) to the container user."""
@@ -102,33 +96,7 @@ class OwnedFileSystem:
         await self._own(path)
         return count
 
-    async def ls(self, path: str = "/") -> Sequence[FileEntry]:
-        """List a directory."""
-        return await self._inner.ls(path)
-
-    async def glob(self, pattern: str, path: str = "/") -> Sequence[str]:
-        """Glob under a directory."""
-        return await self._inner.glob(pattern, path)
-
-    async def grep(self, matcher: Matcher, options: GrepOptions) -> GrepResult:
-        """Search file contents."""
-        return await self._inner.grep(matcher, options)
-
-    async def stat(self, path: str) -> FileStat:
-        """Describe a path."""
-        return await self._inner.stat(path)
-
     async def mkdir(self, path: str, *, parents: bool = False) -> None:
         """Create a directory owned by the container user."""
         await self._inner.mkdir(path, parents=parents)
         await self._own(path)
-
-    async def rm(self, path: str, *, recursive: bool = False) -> None:
-        """Remove a path."""
-        await self._inner.rm(path, recursive=recursive)
-
-    def close(self) -> None:
-        """Close the inner filesystem."""
-        close = getattr(self._inner, "close", None)
-        if callable(close):
-            close()

@@ -12,6 +12,12 @@ from ._provider import DockerProvider
 __all__ = ["corral_register_commands", "corral_register_providers"]
 
 
+def _daemon_problem() -> str | None:
+    from ._sdk import daemon_problem  # the docker SDK loads only when asked
+
+    return daemon_problem()
+
+
 @corral.hookimpl
 def corral_register_providers(register: Callable[[corral.ProviderSpec], None]) -> None:
     """Register the ``docker`` provider."""
@@ -22,6 +28,9 @@ def corral_register_providers(register: Callable[[corral.ProviderSpec], None]) -
             capabilities=DockerProvider.capabilities,
             summary="hardened per-session Docker containers (local or ssh:// engines)",
             distribution="corral-docker",
+            probe=_daemon_problem,
+            # The container is the boundary: shell syntax is not the risk there.
+            policy_defaults={"shell": {"allow_shell_syntax": True}},
         )
     )
 

@@ -22,21 +22,24 @@ import anyio.to_thread
 import attrs
 
 from corral import (
+    DEFAULT_MAX_FILE_BYTES,
+    FileSystem,
     ModularWorkspace,
     OpenedWorkspace,
     ProviderConfig,
     SessionRef,
     WorkspaceFailedError,
     WorkspaceRef,
-    check_ref,
-    structure_payload,
-    unstructure_payload,
 )
 from corral_posix import (
-    ShellGuard,
+    BuildContext,
+    CommandChecker,
+    Modules,
     TmpdirFileSystem,
     TmpdirLayout,
     TmpdirRefPayload,
+    WorkspaceAssembly,
+    positive_size_option,
     sanitize_session_id,
 )
 
@@ -47,14 +50,14 @@ from ._options import WORKDIR, DockerOptions, hardening_details
 from ._ownership import OwnedFileSystem, prepare_root
 from ._pool import ContainerPool, PoolMember
 from ._remote_fs import ContainerFileSystem, init_volume
-from ._shell import DockerShell, GuardLike
+from ._shell import DockerShell
+from ._versions import CommandGate, DockerSnapshotter
 
 __all__ = ["DockerProvider", "DockerRefPayload"]
 
 log = logging.getLogger("corral.docker")
 
-DEFAULT_MAX_FILE_BYTES: Final = 10 * 1024 * 1024
-_SESSION_ONLY: Final = frozenset({"max_file_bytes"})
+_SCHEMA_VERSION: Final = 2
 
 
 @attrs.frozen(kw_only=True)
@@ -76,12 +79,16 @@ class DockerRefPayload:
     options: DockerOptions
 
 
-def _default_guard() -> GuardLike:
-    return ShellGuard(log_prefix="corral.docker.shell")
+def _default_checker() -> CommandChecker:
+    return CommandChecker(log_prefix="corral.docker.shell")
 
 
 class DockerProvider:
     """Workspaces in hardened Docker containers; fails closed without an engine.
+
+    Open and resolve go through posix-core's :class:`~corral_posix.WorkspaceAssembly`
+    like every provider here; the container lifecycle, the host directory or
+    remote volume, and the pool are this provider's parts.
 
     Args:
         image, network, memory, cpus, pids_limit, user, read_only_rootfs,
@@ -89,17 +96,22 @@ class DockerProvider:
             (sessions may override them in ``ProviderConfig.options``).
         base_url: Daemon address; ``ssh://user@host`` selects remote mode.
         tmpdir_root: Parent of the host workspace directories (local mode).
-        max_file_bytes: Largest file the file tools read or write.
+        max_file_bytes: Largest file the file tools read or write (default
+            :data:`corral.DEFAULT_MAX_FILE_BYTES`).
         engine: A :class:`DockerEngine` to use instead of the SDK adapter.
-        guard_factory: Builds the host-side ShellGuard of each workspace.
+        checker_factory: Builds the host-side :class:`~corral_posix.CommandChecker`
+            each workspace's commands are checked against.
         pool_size: Pre-started containers kept ready for ``open`` (local
             engines; only sessions using the default options adopt them).
         **options: Further :class:`DockerOptions` fields.
     """
 
     provider_id: ClassVar[str] = PROVIDER_ID
-    capabilities: ClassVar[frozenset[str]] = frozenset({"fs", "shell"})
-    schema_version: ClassVar[int] = 2
+    capabilities: frozenset[str] = frozenset({"fs", "shell", "snapshot"})
+    """What this provider can populate: ``snapshot`` only on a local engine (a
+    remote engine's volume is out of the host's reach), so an instance
+    bound to a remote engine narrows it."""
+    schema_version: ClassVar[int] = _SCHEMA_VERSION
 
     def __init__(
         self,
@@ -108,60 +120,48 @@ class DockerProvider:
         tmpdir_root: str | None = None,
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
         engine: DockerEngine | None = None,
-        guard_factory: Callable[[], GuardLike] | None = None,
+        checker_factory: Callable[[], CommandChecker] | None = None,
         pool_size: int = 0,
         **options: Any,
     ) -> None:
-        self._defaults = DockerOptions.from_mapping(options)
+        defaults = DockerOptions.from_mapping(options)
         if engine is None:
             from ._sdk import SdkEngine
 
             engine = SdkEngine(base_url)
-        self._engine = engine
-        self._base_url = base_url
-        self._layout = TmpdirLayout(PROVIDER_ID, tmpdir_root)
         if isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, int):
             raise WorkspaceFailedError("docker: max_file_bytes must be an integer")
-        self._max_file_bytes = max_file_bytes
-        self._guard_factory = guard_factory or _default_guard
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 0:
             raise WorkspaceFailedError("docker: pool_size must be a non-negative integer")
+        self._base_url = base_url
         self._pool_size = pool_size
-        self._pool = (
-            ContainerPool(pool_size, self._make_member, self._discard_member)
-            if pool_size and not engine.remote
-            else None
+        if engine.remote:
+            self.capabilities = DockerProvider.capabilities - {"snapshot"}
+        self._parts = _DockerBuilder(
+            engine,
+            TmpdirLayout(PROVIDER_ID, tmpdir_root),
+            defaults=defaults,
+            max_file_bytes=max_file_bytes,
+            checker_factory=checker_factory or _default_checker,
+            pool_size=pool_size,
+        )
+        self._assembly = WorkspaceAssembly(
+            self._parts,
+            provider_id=PROVIDER_ID,
+            capabilities=self.capabilities,
+            schema_version=self.schema_version,
+            payload_type=DockerRefPayload,
         )
 
     @property
     def engine(self) -> DockerEngine:
         """The engine this provider drives (shared infrastructure)."""
-        return self._engine
+        return self._parts.engine
 
     @property
     def layout(self) -> TmpdirLayout:
         """Where host workspace directories live (local mode)."""
-        return self._layout
-
-    def _fail(self, message: str, *, transient: bool = False) -> WorkspaceFailedError:
-        return WorkspaceFailedError(
-            f"docker: {message}", provider_id=PROVIDER_ID, transient=transient
-        )
-
-    async def _probe(self, image: str, *, pull: bool, where: str) -> None:
-        try:
-            await self._engine.ping()
-            await self._engine.ensure_image(image, pull=pull)
-        except EngineError as exc:
-            raise engine_failure(exc, where=where) from None
-
-    def _ref(self, payload: DockerRefPayload, caps: frozenset[str]) -> WorkspaceRef:
-        return WorkspaceRef(
-            provider_id=PROVIDER_ID,
-            payload=unstructure_payload(payload),
-            capabilities=caps,
-            schema_version=self.schema_version,
-        )
+        return self._parts.layout
 
     async def open(
         self,
@@ -175,44 +175,7 @@ class DockerProvider:
             WorkspaceFailedError: Bad options, no daemon, image missing and not
                 pullable (transient only for daemon hiccups).
         """
-        if config.kind != PROVIDER_ID:
-            raise self._fail("the workspace config names another provider kind")
-        caps = self.capabilities if declared is None else frozenset(declared)
-        if caps - self.capabilities:
-            raise self._fail(
-                f"cannot provide capabilities: {', '.join(sorted(caps - self.capabilities))}"
-            )
-        session_opts = dict(config.options)
-        max_bytes = session_opts.pop("max_file_bytes", self._max_file_bytes)
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
-            raise self._fail("option max_file_bytes must be a positive integer")
-        opts = DockerOptions.from_mapping(session_opts, base=self._defaults)
-        await self._probe(opts.image, pull=opts.pull, where="open")
-        remote = self._engine.remote
-        member = None
-        if self._pool is not None:
-            self._pool.start()
-            if opts == self._defaults and max_bytes == self._max_file_bytes:
-                member = self._pool.take()
-        if member is not None:
-            name, base_dir = member.workspace, self._layout.base_dir
-        elif remote:
-            name = f"ws-{sanitize_session_id(session.session_id)}-{_token()}"
-            base_dir = ""
-        else:
-            name = await anyio.to_thread.run_sync(self._layout.create_workspace, session.session_id)
-            base_dir = self._layout.base_dir
-        payload = DockerRefPayload(
-            workspace=name, base_dir=base_dir, remote=remote, max_file_bytes=max_bytes, options=opts
-        )
-        ws = await self._assemble(
-            payload,
-            caps,
-            session=session.session_id,
-            fresh=True,
-            adopt=member.container_id if member else None,
-        )
-        return OpenedWorkspace(workspace=ws, ref=self._ref(payload, caps))
+        return await self._assembly.open(config, session, declared)
 
     async def resolve(self, ref: WorkspaceRef) -> ModularWorkspace:
         """Re-probe the daemon and rebuild the container around the persisted workspace.
@@ -222,108 +185,221 @@ class DockerProvider:
                 workspace, no daemon or a missing image. Messages never repeat
                 the payload.
         """
-        check_ref(ref, provider_id=PROVIDER_ID, current=self.schema_version)
-        payload = structure_payload(ref.payload, DockerRefPayload, provider_id=PROVIDER_ID)
-        if payload.max_file_bytes <= 0 or not self._layout.is_workspace_name(payload.workspace):
+        return await self._assembly.resolve(ref)
+
+    async def warm(self, *, timeout_s: float = 60.0) -> bool:
+        """Start the pool and wait until it is full; False on timeout or without a pool."""
+        pool = self._parts.pool
+        if pool is None:
+            return False
+        pool.start()
+        return await pool.wait_ready(self._pool_size, timeout_s=timeout_s)
+
+    async def aclose(self) -> None:
+        """Drain the pool and release the engine client (open workspaces stay open)."""
+        if self._parts.pool is not None:
+            await self._parts.pool.aclose()
+        await self._parts.engine.aclose()
+
+
+@attrs.frozen
+class _Opening:
+    """What ``create`` hands to ``build`` at open: the session label and a pooled container."""
+
+    session: str
+    adopt: str | None
+
+
+class _State:
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _DockerBuilder:
+    """Docker's parts: a host directory or remote volume, a container, its fs and shell.
+
+    Holds the provider's shared infrastructure (engine, layout, pool) and
+    defaults; every per-session object lives in the workspace it builds.
+    """
+
+    def __init__(
+        self,
+        engine: DockerEngine,
+        layout: TmpdirLayout,
+        *,
+        defaults: DockerOptions,
+        max_file_bytes: int,
+        checker_factory: Callable[[], CommandChecker],
+        pool_size: int,
+    ) -> None:
+        self.engine = engine
+        self.layout = layout
+        self._defaults = defaults
+        self._max_file_bytes = max_file_bytes
+        self._checker_factory = checker_factory
+        self.pool = (
+            ContainerPool(pool_size, self._make_member, self._discard_member)
+            if pool_size and not engine.remote
+            else None
+        )
+
+    def _fail(self, message: str) -> WorkspaceFailedError:
+        return WorkspaceFailedError(f"docker: {message}", provider_id=PROVIDER_ID)
+
+    async def _probe(self, image: str, *, pull: bool, where: str) -> None:
+        try:
+            await self.engine.ping()
+            await self.engine.ensure_image(image, pull=pull)
+        except EngineError as exc:
+            raise engine_failure(exc, where=where) from None
+
+    async def create(
+        self, config: ProviderConfig, session: SessionRef, capabilities: frozenset[str]
+    ) -> tuple[DockerRefPayload, _Opening]:
+        """Check the session's options, probe the daemon, and make (or adopt) the storage."""
+        session_opts = dict(config.options)
+        max_bytes = positive_size_option(session_opts, "max_file_bytes", self._max_file_bytes)
+        if max_bytes is None:
+            raise self._fail("option max_file_bytes must be a positive integer")
+        session_opts.pop("max_file_bytes", None)
+        opts = DockerOptions.from_mapping(session_opts, base=self._defaults)
+        await self._probe(opts.image, pull=opts.pull, where="open")
+        remote = self.engine.remote
+        member = None
+        if self.pool is not None:
+            self.pool.start()
+            if opts == self._defaults and max_bytes == self._max_file_bytes:
+                member = self.pool.take()
+        if member is not None:
+            name, base_dir = member.workspace, self.layout.base_dir
+        elif remote:
+            name = f"ws-{sanitize_session_id(session.session_id)}-{_token()}"
+            base_dir = ""
+        else:
+            name = await anyio.to_thread.run_sync(self.layout.create_workspace, session.session_id)
+            base_dir = self.layout.base_dir
+        payload = DockerRefPayload(
+            workspace=name, base_dir=base_dir, remote=remote, max_file_bytes=max_bytes, options=opts
+        )
+        opening = _Opening(session.session_id, member.container_id if member else None)
+        return payload, opening
+
+    async def locate(self, payload: DockerRefPayload) -> None:
+        """Check the ref suits this engine, probe the daemon, and find the storage."""
+        if not self.layout.is_workspace_name(payload.workspace):
             raise self._fail("workspace ref payload is malformed")
-        caps = ref.capabilities or self.capabilities
-        if caps - self.capabilities:
-            raise self._fail("the ref lists capabilities this provider cannot provide")
-        if payload.remote != self._engine.remote:
+        if payload.remote != self.engine.remote:
             raise self._fail("the workspace ref was made for a different kind of Docker engine")
         await self._probe(payload.options.image, pull=payload.options.pull, where="resolve")
         if payload.remote:
             try:
-                exists = await self._engine.volume_exists(_volume(payload.workspace))
+                exists = await self.engine.volume_exists(_volume(payload.workspace))
             except EngineError as exc:
                 raise engine_failure(exc, where="resolve") from None
             if not exists:
                 raise self._fail("workspace was lost: its volume no longer exists")
         else:
             await anyio.to_thread.run_sync(
-                self._layout.locate,
+                self.layout.locate,
                 TmpdirRefPayload(
                     workspace=payload.workspace,
                     base_dir=payload.base_dir,
                     max_file_bytes=payload.max_file_bytes,
                 ),
             )
-        return await self._assemble(payload, caps, session="", fresh=False)
 
-    async def _assemble(
-        self,
-        payload: DockerRefPayload,
-        caps: frozenset[str],
-        *,
-        session: str,
-        fresh: bool,
-        adopt: str | None = None,
-    ) -> ModularWorkspace:
+    async def destroy(self, payload: DockerRefPayload) -> None:
+        """Remove the workspace's volume or host directory."""
+        if payload.remote:
+            await self.engine.remove_volume(_volume(payload.workspace))
+        else:
+            await anyio.to_thread.run_sync(self.layout.remove_workspace, payload.workspace)
+
+    async def build(self, ctx: BuildContext[DockerRefPayload, _Opening]) -> Modules:
+        """Start (or adopt, or replace) the container, then its filesystem and shell."""
+        payload, caps, opening = ctx.payload, ctx.capabilities, ctx.opening
         opts, name = payload.options, payload.workspace
+        session = opening.session if opening is not None else ""
+        adopt = opening.adopt if opening is not None else None
         labels = {**owner_labels(), LABEL_SESSION: sanitize_session_id(session) if session else ""}
-        root = "" if payload.remote else self._layout.workspace_path(name)
+        root = "" if payload.remote else self.layout.workspace_path(name)
         box = self._container(payload, labels)
         state = _State()
-
-        async def destroy() -> None:
-            state.closed = True
-            try:
-                await box.remove()
-            finally:
-                if state.fs is not None:
-                    state.fs.close()
-                if payload.remote:
-                    await self._engine.remove_volume(_volume(name))
-                else:
-                    await anyio.to_thread.run_sync(self._layout.remove_workspace, name)
-
+        gate = CommandGate()
+        ctx.releases.push_async_callback(box.remove)
+        fs: FileSystem | None = None
+        snap: DockerSnapshotter | None = None
         try:
             if adopt is not None:
                 box.adopt(adopt)
             else:
-                await self._prepare(payload, root, labels, fresh=fresh)
+                await self._prepare(payload, root, labels, fresh=ctx.fresh)
                 await box.replace()
-            state.fs = await self._build_fs(payload, box, root, state) if "fs" in caps else None
+            if "fs" in caps:
+                built = await self._build_fs(payload, box, root, state)
+                ctx.releases.callback(built.close)
+                fs = built
             shell = (
                 DockerShell(
-                    self._engine,
+                    self.engine,
                     box.get,
-                    self._guard_factory(),
+                    self._checker_factory(),
                     user=opts.user,
                     closed=lambda: state.closed,
+                    gate=gate.wait,
                 )
                 if "shell" in caps
                 else None
             )
-        except BaseException as exc:
-            with anyio.CancelScope(shield=True):
-                try:
-                    await (destroy() if fresh else box.remove())
-                except EngineError:
-                    log.warning("docker: cleanup after a failed open/resolve also failed")
-            if isinstance(exc, EngineError):
-                raise engine_failure(exc, where="open" if fresh else "resolve") from None
-            raise
+            if "snapshot" in caps:
+                snap = self._snapshotter(ctx, box, gate)
+                ctx.releases.callback(snap.close)
+                # A restore a crash interrupted is finished before anything uses the tree.
+                await snap.recover()
+        except EngineError as exc:
+            raise engine_failure(exc, where="open" if ctx.fresh else "resolve") from None
+        # Pushed last, so it runs first at close: nothing starts while the box goes away.
+        ctx.releases.callback(state.close)
 
         def details() -> Mapping[str, Any]:
             return {
-                "provider": PROVIDER_ID,
                 "mode": "remote" if payload.remote else "local",
                 "workspace": name,
                 "root": root or None,
+                # Where commands see the workspace (corral's one path namespace).
+                "workspace_path": WORKDIR if shell is not None else "/",
                 "volume": _volume(name) if payload.remote else None,
                 "container_id": box.container_id,
                 "pooled": adopt is not None,
-                "capabilities": sorted(caps),
                 "hardening": hardening_details(opts),
             }
 
-        return ModularWorkspace(
-            f"{PROVIDER_ID}:{name}",
-            fs=state.fs,
-            shell=shell,
-            on_close=destroy,
-            details=details,
+        return Modules(fs=fs, shell=shell, snapshot=snap, details=details)
+
+    def _snapshotter(
+        self,
+        ctx: BuildContext[DockerRefPayload, _Opening],
+        box: WorkspaceContainer,
+        gate: CommandGate,
+    ) -> DockerSnapshotter:
+        payload = ctx.payload
+        if payload.remote:
+            raise self._fail(
+                "snapshots need a local engine: a remote engine's workspace is a volume "
+                "the host cannot read"
+            )
+        return DockerSnapshotter(
+            self.layout,
+            payload.workspace,
+            lambda name: ctx.stamp(attrs.evolve(payload, workspace=name)),
+            engine=self.engine,
+            container=box.get,
+            gate=gate,
+            user=payload.options.user,
+            uid_gid=payload.options.uid_gid,
         )
 
     def _container(
@@ -333,43 +409,36 @@ class DockerProvider:
         if payload.remote:
             mount = MountSpec("volume", _volume(name), WORKDIR)
         else:
-            root = self._layout.workspace_path(name)
+            root = self.layout.workspace_path(name)
             labels = {**labels, LABEL_ROOT: root}
             mount = MountSpec("bind", root, WORKDIR)
         return WorkspaceContainer(
-            self._engine, payload.options, workspace=name, labels=labels, mount=mount
+            self.engine, payload.options, workspace=name, labels=labels, mount=mount
         )
 
     async def _make_member(self) -> PoolMember:
-        name = await anyio.to_thread.run_sync(self._layout.create_workspace, "pool")
+        name = await anyio.to_thread.run_sync(self.layout.create_workspace, "pool")
         payload = DockerRefPayload(
             workspace=name,
-            base_dir=self._layout.base_dir,
+            base_dir=self.layout.base_dir,
             remote=False,
             max_file_bytes=self._max_file_bytes,
             options=self._defaults,
         )
         try:
-            root = self._layout.workspace_path(name)
+            root = self.layout.workspace_path(name)
             await self._prepare(payload, root, {}, fresh=True)
             box = self._container(payload, {**owner_labels(), LABEL_SESSION: ""})
             cid = await box.replace()
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._layout.remove_workspace, name)
+                await anyio.to_thread.run_sync(self.layout.remove_workspace, name)
             raise
         return PoolMember(name, cid)
 
     async def _discard_member(self, member: PoolMember) -> None:
-        await self._engine.remove(member.container_id)
-        await anyio.to_thread.run_sync(self._layout.remove_workspace, member.workspace)
-
-    async def warm(self, *, timeout_s: float = 60.0) -> bool:
-        """Start the pool and wait until it is full; False on timeout or without a pool."""
-        if self._pool is None:
-            return False
-        self._pool.start()
-        return await self._pool.wait_ready(self._pool_size, timeout_s=timeout_s)
+        await self.engine.remove(member.container_id)
+        await anyio.to_thread.run_sync(self.layout.remove_workspace, member.workspace)
 
     async def _prepare(
         self, payload: DockerRefPayload, root: str, labels: Mapping[str, str], *, fresh: bool
@@ -377,8 +446,8 @@ class DockerProvider:
         if payload.remote:
             if fresh:
                 volume = _volume(payload.workspace)
-                await self._engine.create_volume(volume, labels)
-                await init_volume(self._engine, payload.options, volume, owner_labels())
+                await self.engine.create_volume(volume, labels)
+                await init_volume(self.engine, payload.options, volume, owner_labels())
         else:
             uid, gid = payload.options.uid_gid
             await anyio.to_thread.run_sync(prepare_root, root, uid, gid)
@@ -388,7 +457,7 @@ class DockerProvider:
     ) -> ContainerFileSystem | OwnedFileSystem:
         if payload.remote:
             return ContainerFileSystem(
-                self._engine,
+                self.engine,
                 box.get,
                 user=payload.options.user,
                 max_file_bytes=payload.max_file_bytes,
@@ -401,18 +470,6 @@ class DockerProvider:
         )
         uid, gid = payload.options.uid_gid
         return OwnedFileSystem(inner, root, uid, gid)
-
-    async def aclose(self) -> None:
-        """Drain the pool and release the engine client (open workspaces stay open)."""
-        if self._pool is not None:
-            await self._pool.aclose()
-        await self._engine.aclose()
-
-
-class _State:
-    def __init__(self) -> None:
-        self.closed = False
-        self.fs: ContainerFileSystem | OwnedFileSystem | None = None
 
 
 def _volume(name: str) -> str:

@@ -24,6 +24,7 @@ from ._engine import (
     ContainerInfo,
     ContainerNotFoundError,
     ContainerSpec,
+    EngineClientMissingError,
     EngineError,
     EngineUnavailableError,
     ExecOutput,
@@ -100,7 +101,7 @@ class SdkEngine:
                     try:
                         import paramiko  # noqa: F401
                     except ImportError:
-                        raise EngineUnavailableError(
+                        raise EngineClientMissingError(
                             "ssh:// Docker engines need paramiko: pip install 'corral-docker[ssh]'"
                         ) from None
                 kwargs: dict[str, Any] = {"timeout": int(self._timeout_s)}
@@ -129,12 +130,18 @@ class SdkEngine:
         """Make sure ``image`` is present, pulling it when allowed."""
         import docker.errors
 
+        # The image name comes from the operator's options; the registry's own
+        # error text does not reach the message, only its class.
+        shown = image if len(image) <= 200 and image.isprintable() else "(configured image)"
+
         def run(api: Any) -> None:
             try:
                 api.inspect_image(image)
             except docker.errors.ImageNotFound:
                 if not pull:
-                    raise
+                    raise ImageNotFoundError(
+                        f"image {shown}; pulling is off (pull=False)"
+                    ) from None
             else:
                 return
             repo, _, tag = (
@@ -144,8 +151,8 @@ class SdkEngine:
             )
             try:
                 api.pull(repo, tag=tag or "latest")
-            except docker.errors.APIError:
-                raise ImageNotFoundError("image is not present and could not be pulled") from None
+            except docker.errors.APIError as exc:
+                raise ImageNotFoundError(f"image {shown}; pull: {_pull_reason(exc)}") from None
 
         await self._call("ensure image", run)
 
@@ -379,6 +386,39 @@ class SdkEngine:
             client, self._client = self._client, None
         if client is not None:
             await anyio.to_thread.run_sync(functools.partial(client.close))
+
+
+def _pull_reason(exc: Any) -> str:
+    """Why a pull failed, from the status code only (the registry's text is not ours)."""
+    status = getattr(exc, "status_code", None) or 0
+    if status == 404:
+        return "404: no such repository or tag, or it needs docker login"
+    if status in (401, 403):
+        return f"{status}: access denied; docker login to the registry"
+    if status >= 500:
+        return f"{status}: the registry or daemon failed, or has no network"
+    return f"Docker API error {status}" if status else "Docker API error"
+
+
+def daemon_problem(base_url: str | None = None, *, timeout_s: float = 3.0) -> str | None:
+    """Whether a Docker daemon answers here now (blocking, bounded by ``timeout_s``).
+
+    Returns:
+        None when ``ping`` succeeds, else a one-line reason with advice.
+    """
+    engine = SdkEngine(base_url, timeout_s=timeout_s)
+    try:
+        engine._api().ping()
+    except EngineClientMissingError as exc:
+        return exc.message
+    except Exception:
+        where = base_url or os.environ.get("DOCKER_HOST") or "the local socket"
+        shown = where if len(where) <= 200 and where.isprintable() else "the configured address"
+        return f"no Docker daemon answers at {shown}; start dockerd or set DOCKER_HOST"
+    finally:
+        if engine._client is not None:
+            engine._client.close()
+    return None
 
 
 def _probe_unix_socket(base_url: str | None) -> None:

@@ -1,4 +1,4 @@
-"""DockerShell: ShellGuard on the host, then ``exec`` inside the container.
+"""DockerShell: CommandChecker on the host, then ``exec`` inside the container.
 
 Every exec carries a random marker in its environment. On timeout or
 cancellation a second exec kills every process of the container whose
@@ -13,7 +13,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import anyio
 
@@ -23,16 +23,17 @@ from corral import (
     OperationError,
     WorkspaceEvictedError,
 )
+from corral_posix import CommandChecker
 
 from ._engine import ContainerNotFoundError, DockerEngine, EngineError
 from ._options import WORKDIR
 
-__all__ = ["DockerShell", "GuardLike"]
+__all__ = ["DockerShell"]
 
 MAX_STDIN_BYTES: Final = 64 * 1024
 
 # The exec's entry point: feeds stdin from the environment (exec has no
-# portable stdin over every transport), then runs the guarded argv.
+# portable stdin over every transport), then runs the checked argv.
 _CWD_SENTINEL: Final = "corral: the working directory does not exist\n"
 _ENTRY: Final = (
     'cd -- "$1" 2>/dev/null || { printf %s "$CORRAL_CWD_ERR" >&2; exit 125; }; shift; '
@@ -51,66 +52,63 @@ _KILL: Final = (
 )
 
 
-class GuardLike(Protocol):
-    """What DockerShell needs from posix-core's ShellGuard."""
-
-    def check_request(self, request: CommandRequest) -> Any:
-        """Check a request; return an object with ``argv``, ``env`` and ``cwd_parts``."""
-        ...
-
-
 class DockerShell:
-    """Runs guarded commands by exec in the workspace's container.
+    """Runs checked commands by exec in the workspace's container.
 
     Args:
         engine: The engine that owns the container.
         container: Returns the id of the live container (it may be recreated).
-        guard: Host-side command and environment checks.
+        checker: Host-side command-policy and environment checks.
         user: ``UID:GID`` the commands run as.
         closed: Returns True once the workspace closed.
         kill_grace_s: How long the kill exec may take before giving up.
+        gate: Awaited before each command (a restore holds commands back).
     """
 
     def __init__(
         self,
         engine: DockerEngine,
         container: Callable[[], Awaitable[str]],
-        guard: GuardLike,
+        checker: CommandChecker,
         *,
         user: str,
         closed: Callable[[], bool],
         kill_grace_s: float = 10.0,
+        gate: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._engine = engine
         self._container = container
-        self._guard = guard
+        self._checker = checker
         self._user = user
         self._closed = closed
         self._kill_grace_s = kill_grace_s
+        self._gate = gate
 
     async def run(self, request: CommandRequest) -> ExecResult:
         """Run one command in the container; a timeout kills its whole tree.
 
         Raises:
-            OperationError: ``policy_denied`` from the guard, ``invalid_argument``
+            OperationError: ``policy_denied`` from the checker, ``invalid_argument``
                 for oversized stdin, ``closed`` after close, ``failed`` when the
                 engine errs.
             WorkspaceEvictedError: The container is gone.
         """
         if self._closed():
             raise OperationError("the workspace is closed", code="closed")
-        guarded = self._guard.check_request(request)
-        argv = list(guarded.argv)
-        cwd_parts = tuple(guarded.cwd_parts)
+        checked = self._checker.check_request(request)
+        argv = list(checked.argv)
+        cwd_parts = tuple(checked.cwd_parts)
         workdir = WORKDIR + "".join("/" + p for p in cwd_parts)
         marker = secrets.token_hex(12)
-        env = {**guarded.env, "CORRAL_EXEC": marker, "CORRAL_CWD_ERR": _CWD_SENTINEL}
+        env = {**checked.env, "CORRAL_EXEC": marker, "CORRAL_CWD_ERR": _CWD_SENTINEL}
         if request.stdin is not None:
             if len(request.stdin.encode()) > MAX_STDIN_BYTES:
                 raise OperationError(
                     f"stdin is larger than {MAX_STDIN_BYTES} bytes", code="invalid_argument"
                 )
             env["CORRAL_STDIN"] = request.stdin
+        if self._gate is not None:
+            await self._gate()
         container_id = await self._container()
         started = time.monotonic()
         out: Any = None

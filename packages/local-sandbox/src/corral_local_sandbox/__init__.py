@@ -17,7 +17,7 @@ from ._policy import (
     SANDBOX_ROOT,
     NetworkPolicy,
     ProtectedPath,
-    ResourceLimits,
+    SandboxLimits,
     SandboxPolicy,
 )
 from ._protected_fs import ProtectedFileSystem
@@ -36,7 +36,7 @@ __all__ = [
     "NetworkPolicy",
     "ProtectedFileSystem",
     "ProtectedPath",
-    "ResourceLimits",
+    "SandboxLimits",
     "SandboxPolicy",
     "SeatbeltWrapper",
     "build_bwrap_args",

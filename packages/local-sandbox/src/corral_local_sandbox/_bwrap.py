@@ -37,7 +37,7 @@ from typing import Final
 import attrs
 
 from corral import OperationError
-from corral_posix._wrapper import WrapContext, WrappedCommand
+from corral_posix import WrapContext, WrappedCommand
 
 from ._policy import SANDBOX_HOME, SANDBOX_ROOT, SandboxPolicy
 

@@ -20,7 +20,7 @@ from typing import Final
 import attrs
 
 from corral import WorkspaceFailedError
-from corral_posix._wrapper import WrapContext
+from corral_posix import WrapContext
 
 from ._bwrap import BwrapFeatures, BwrapWrapper
 from ._policy import SandboxPolicy

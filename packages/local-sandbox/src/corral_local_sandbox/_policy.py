@@ -17,7 +17,7 @@ __all__ = [
     "SANDBOX_ROOT",
     "NetworkPolicy",
     "ProtectedPath",
-    "ResourceLimits",
+    "SandboxLimits",
     "SandboxPolicy",
 ]
 
@@ -74,7 +74,7 @@ def _positive_or_none(_inst: object, attr: attrs.Attribute[Any], value: object) 
 
 
 @attrs.frozen(kw_only=True)
-class ResourceLimits:
+class SandboxLimits:
     """Resource limits of one workspace's commands.
 
     ``None`` lifts a limit. ``memory_bytes``, ``processes`` and
@@ -111,7 +111,7 @@ class ResourceLimits:
     disk_bytes: int | None = attrs.field(default=2 * 1024**3, validator=_positive_or_none)
 
     @classmethod
-    def coerce(cls, value: object) -> ResourceLimits:
+    def coerce(cls, value: object) -> SandboxLimits:
         """Accept limits, ``None`` (defaults) or a mapping of field overrides.
 
         Raises:
@@ -119,7 +119,7 @@ class ResourceLimits:
         """
         if value is None:
             return cls()
-        if isinstance(value, ResourceLimits):
+        if isinstance(value, SandboxLimits):
             return value
         if isinstance(value, Mapping):
             unknown = sorted(set(value) - set(attrs.fields_dict(cls)))
@@ -217,7 +217,7 @@ class SandboxPolicy:
     """
 
     network: NetworkPolicy = attrs.field(factory=NetworkPolicy)
-    limits: ResourceLimits = attrs.field(factory=ResourceLimits)
+    limits: SandboxLimits = attrs.field(factory=SandboxLimits)
     protected_paths: tuple[ProtectedPath, ...] = DEFAULT_PROTECTED_PATHS
 
     @staticmethod

@@ -15,7 +15,7 @@ and decided at the moment of use:
   ``.git`` symlink or a worktree's ``.git`` file -- is moved into the
   workspace's state directory (``protect/quarantine/``) and a note is added
   to the command's stderr.
-* :meth:`PathGuard.check` runs before and after every command, at every
+* :meth:`ProtectedPathChecker.check` runs before and after every command, at every
   ``open``/``resolve``, after every snapshot restore and branch, and after
   every file-tool mutation, in whichever process does it. There is no
   per-process bookkeeping to lose when a process dies.
@@ -28,6 +28,16 @@ and decided at the moment of use:
   ``renameat`` relative to its held parent after its inode is re-checked, and
   permissions are changed through the held fd. No symlink a command swaps in
   is ever followed, and nothing is bound into the sandbox by host path.
+* Nested repositories get the same rule. ``git status`` at the root recurses
+  into every submodule its index names (a gitlink ``git add sub`` records
+  inside the sandbox) and obeys ``sub/.git/config`` there (``core.fsmonitor``
+  runs a program), so a *deep* check also walks the whole tree (iteratively,
+  by fds, never entering ``.git`` directories) and applies every ``.git*``
+  protected path to each directory holding a ``.git`` entry; a ``.git`` that
+  is not a plain directory (a ``gitdir:`` file pointing anywhere) is moved
+  out. Deep checks run after every command, at ``open``/``resolve`` and after
+  restore and branch; a walk that keeps meeting a moving tree is reported
+  unclean.
 * Acceptance is cached (in memory and in ``protect/accepted.json``) by
   device, inode, size, mtime, ctime *and* the SHA-256 of the content, so an
   unchanged config is not re-validated by running git; the content is
@@ -56,7 +66,7 @@ from corral_posix import remove_tree_at
 
 from ._policy import ProtectedPath
 
-__all__ = ["NOTE", "STUCK_NOTE", "CheckResult", "PathGuard", "Validator"]
+__all__ = ["NOTE", "STUCK_NOTE", "CheckResult", "ProtectedPathChecker", "Validator"]
 
 log = logging.getLogger("corral.local_sandbox.protect")
 
@@ -71,10 +81,12 @@ _ACCEPTED: Final = "accepted.json"
 _QUARANTINE: Final = "quarantine"
 _MAX_VALIDATE_BYTES: Final = 256 * 1024
 _MAX_CACHE: Final = 64
-# A pass that had to act is followed by another; a command racing the guard
+# A pass that had to act is followed by another; a command racing the checker
 # could keep it busy forever, so give up (and refuse commands) after this many.
 _MAX_ROUNDS: Final = 8
 _PATH_FLAGS: Final = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_GIT: Final = ".git"
 _DIR_PATH_FLAGS: Final = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 NOTE: Final = (
@@ -90,7 +102,7 @@ STUCK_NOTE: Final = (
 
 @attrs.frozen
 class CheckResult:
-    """The outcome of one :meth:`PathGuard.check`.
+    """The outcome of one :meth:`ProtectedPathChecker.check`.
 
     Attributes:
         notes: One stderr note per object moved out of the workspace.
@@ -103,6 +115,10 @@ class CheckResult:
 
 class _NeedThread(Exception):
     """The fast path met something that needs blocking work (lock, git, a rename)."""
+
+
+class _Raced(Exception):
+    """A directory moved while the nested-repository walk was inside it."""
 
 
 def _ident(st: os.stat_result) -> tuple[int, int]:
@@ -155,7 +171,7 @@ class _Found:
     is_leaf: bool
 
 
-class PathGuard:
+class ProtectedPathChecker:
     """The protected-path check of one workspace (see the module docstring).
 
     Cheap to build: one is built per restore or branch as well as per
@@ -180,6 +196,11 @@ class PathGuard:
         self.root = root
         self._dir = os.path.join(state_dir, "protect")
         self._entries = tuple((e.path, tuple(e.path.split("/"))) for e in protected)
+        # What a nested repository's own directory must satisfy: the
+        # ``.git``-rooted entries (hooks, config, info, commondir) and ``.gitmodules``.
+        self._nested_entries = tuple(
+            (path, parts) for path, parts in self._entries if parts[0].casefold().startswith(_GIT)
+        )
         self._validators = dict(validators or {})
         self._cache: dict[CacheKey, None] = {}
         self._cache_lock = threading.Lock()
@@ -217,14 +238,24 @@ class PathGuard:
 
     # -- checking ----------------------------------------------------------------
 
-    def check(self) -> CheckResult:
+    def check(self, *, deep: bool = True) -> CheckResult:
         """Verify every protected location and quarantine what is not acceptable (blocking).
+
+        Args:
+            deep: Also walk the whole tree for nested repositories (see the
+                module docstring); the shallow check covers the root only.
 
         Raises:
             OperationError: The workspace or its state directory is gone.
         """
         with self._locked(blocking=True):
-            return self._check(fast=False)
+            result = self._check(fast=False)
+            if not deep:
+                return result
+            nested = self._check_nested()
+            return CheckResult(
+                tuple(dict.fromkeys(result.notes + nested.notes)), result.clean and nested.clean
+            )
 
     def try_check_fast(self) -> CheckResult | None:
         """The common case without blocking: everything absent or already accepted.
@@ -242,12 +273,18 @@ class PathGuard:
         except _NeedThread:
             return None
 
-    async def acheck(self) -> CheckResult:
-        """:meth:`check` without blocking the event loop (fast path inline, else a thread)."""
+    async def acheck(self, *, deep: bool = False) -> CheckResult:
+        """:meth:`check` without blocking the event loop (fast path inline, else a thread).
+
+        Args:
+            deep: Walk the whole tree too (always in a worker thread).
+        """
+        if deep:
+            return await anyio.to_thread.run_sync(lambda: self.check(deep=True))
         fast = self.try_check_fast()
         if fast is not None:
             return fast
-        return await anyio.to_thread.run_sync(self.check)
+        return await anyio.to_thread.run_sync(lambda: self.check(deep=False))
 
     @contextlib.contextmanager
     def _locked(self, *, blocking: bool) -> Iterator[None]:
@@ -293,8 +330,111 @@ class PathGuard:
         log.error("a protected path of %s could not be made safe", self.root)
         return CheckResult(tuple(dict.fromkeys(notes)), clean=False)
 
-    def _settle(self, root: int, path: str, parts: tuple[str, ...], *, fast: bool) -> str | None:
-        """Check one location; None when it was acceptable, else a note ("" = nothing moved)."""
+    def _check_nested(self) -> CheckResult:
+        """Settle the ``.git*`` entries of every nested repository (lock held)."""
+        notes: list[str] = []
+        for _ in range(_MAX_ROUNDS):
+            root = self._open_root()
+            try:
+                acted = self._walk_nested(root, notes)
+            except _Raced:
+                continue
+            finally:
+                os.close(root)
+            if not acted:
+                return CheckResult(tuple(dict.fromkeys(notes)), clean=True)
+        log.error("the nested repositories of %s could not be made safe", self.root)
+        return CheckResult(tuple(dict.fromkeys(notes)), clean=False)
+
+    def _walk_nested(self, root: int, notes: list[str]) -> bool:
+        """One depth-first pass; whether anything was moved out.
+
+        Descends by ``openat(O_NOFOLLOW)`` and climbs by ``..`` checked
+        against the inode it came from, so it holds one directory fd whatever
+        the depth and never recurses; ``.git`` directories are not entered.
+        """
+        acted = False
+        fd = os.open(".", _READ_DIR_FLAGS, dir_fd=root)
+        names: list[str] = []
+        try:
+            stack = [(_ident(os.fstat(fd)), self._listing(fd)[0])]
+            while stack:
+                pending = stack[-1][1]
+                if pending:
+                    name = pending.pop()
+                    child = self._enter(fd, name)
+                    if child is None:
+                        continue
+                    os.close(fd)
+                    fd = child
+                    names.append(name)
+                    subdirs, has_git = self._listing(fd)
+                    if has_git:
+                        prefix = "/".join(names) + "/"
+                        for path, parts in self._nested_entries:
+                            note = self._settle(fd, path, parts, fast=False, prefix=prefix)
+                            if note is not None:
+                                acted = True
+                                if note:
+                                    notes.append(note)
+                    stack.append((_ident(os.fstat(fd)), subdirs))
+                    continue
+                stack.pop()
+                if not stack:
+                    break
+                parent = os.open("..", _READ_DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = parent
+                names.pop()
+                if _ident(os.fstat(fd)) != stack[-1][0]:
+                    raise _Raced
+        finally:
+            os.close(fd)
+        return acted
+
+    @staticmethod
+    def _enter(parent: int, name: str) -> int | None:
+        """Open a subdirectory for reading (made readable once if a command locked it)."""
+        for attempt in range(2):
+            try:
+                return os.open(name, _READ_DIR_FLAGS, dir_fd=parent)
+            except PermissionError:
+                if attempt:
+                    raise
+                held = _open_at(name, parent, _DIR_PATH_FLAGS)
+                if held is None:
+                    return None
+                try:
+                    _ensure_mode(held, 0o700)
+                finally:
+                    os.close(held)
+            except OSError:
+                return None  # gone, or replaced by something that is not a directory
+        return None  # pragma: no cover - the loop returns or raises
+
+    @staticmethod
+    def _listing(fd: int) -> tuple[list[str], bool]:
+        """The subdirectories to descend into (not ``.git``), and whether a ``.git`` is here."""
+        subdirs: list[str] = []
+        has_git = False
+        with os.scandir(fd) as it:
+            for entry in it:
+                if entry.name.casefold() == _GIT:
+                    has_git = True
+                    continue
+                with contextlib.suppress(OSError):
+                    if entry.is_dir(follow_symlinks=False):
+                        subdirs.append(entry.name)
+        return subdirs, has_git
+
+    def _settle(
+        self, root: int, path: str, parts: tuple[str, ...], *, fast: bool, prefix: str = ""
+    ) -> str | None:
+        """Check one location; None when it was acceptable, else a note ("" = nothing moved).
+
+        ``root`` is the directory the location is relative to; ``prefix``
+        names it in notes (the workspace root: empty).
+        """
         opened: list[int] = []
         try:
             found = self._walk(root, parts, opened)
@@ -304,6 +444,7 @@ class PathGuard:
                 return None
             if fast:
                 raise _NeedThread
+            found.rel = prefix + found.rel
             return self._quarantine(found)
         finally:
             for fd in opened:

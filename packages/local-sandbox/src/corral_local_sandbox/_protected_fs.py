@@ -1,6 +1,6 @@
 """The file tools honour the protected paths too, by identity rather than spelling.
 
-The file tools run on the host, outside the sandbox: without this guard a
+The file tools run on the host, outside the sandbox: without this check a
 model could plant ``.git/hooks/pre-commit`` with ``write_file`` instead of
 ``echo``. A spelling check alone is not enough: after ``ln -s . alias`` the
 path ``alias/.bashrc`` names the protected ``.bashrc``. So every mutating
@@ -8,9 +8,11 @@ call resolves the deepest existing directory of its target beneath the root
 exactly as the filesystem will (symlinks inside the workspace followed), asks
 the kernel for that directory's canonical path, and checks the canonical
 workspace-relative target as well as the spelling. After a write, edit or
-mkdir the protected-path guard runs once more, which catches what no
+mkdir the protected-path checker runs once more, which catches what no
 pre-check can (a leaf symlink the filesystem follows, a directory swapped by
-a command running meanwhile). Reads, listings and searches cost nothing extra.
+a command running meanwhile). The ``.git*`` paths are refused below any
+directory too (``sub/.git/config``): ``git status`` at the root obeys a
+nested repository's config. Reads, listings and searches cost nothing extra.
 """
 
 from __future__ import annotations
@@ -20,20 +22,11 @@ from collections.abc import Sequence
 
 import anyio.to_thread
 
-from corral import (
-    FileEntry,
-    FileStat,
-    FileSystem,
-    GrepOptions,
-    GrepResult,
-    Matcher,
-    OperationError,
-    path_parts,
-)
+from corral import FileSystem, ForwardingFileSystem, OperationError, path_parts
 from corral_posix import Resolver, open_beneath
 
 from ._policy import ProtectedPath
-from ._protect import PathGuard
+from ._protect import ProtectedPathChecker
 
 __all__ = ["ProtectedFileSystem"]
 
@@ -50,7 +43,7 @@ def _denied(verb: str, prot: tuple[str, ...]) -> OperationError:
     )
 
 
-class ProtectedFileSystem:
+class ProtectedFileSystem(ForwardingFileSystem):
     """A FileSystem that refuses writes to, under, or removal of protected paths.
 
     Comparison is case-insensitive, so ``.GIT/hooks`` on a case-insensitive
@@ -61,7 +54,8 @@ class ProtectedFileSystem:
         protected: The protected paths.
         root: Host path of the workspace (re-opened per call, so a restore
             that swapped the directory is followed); None checks spelling only.
-        guard: The workspace's guard, run after every write, edit and mkdir.
+        checker: The workspace's protected-path checker, run after every
+            write, edit and mkdir.
         resolver: The resolver ``inner`` uses (see :func:`corral_posix.open_beneath`);
             ``walk`` is honoured, anything else means ``auto``.
     """
@@ -72,13 +66,15 @@ class ProtectedFileSystem:
         protected: Sequence[ProtectedPath],
         *,
         root: str | None = None,
-        guard: PathGuard | None = None,
+        checker: ProtectedPathChecker | None = None,
         resolver: str = "auto",
     ) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._protected = [tuple(p.path.casefold().split("/")) for p in protected]
+        # A nested repository's own ``.git*`` entries (see ``_protect.py``).
+        self._nested = [p for p in self._protected if p[0].startswith(".git")]
         self._root = root
-        self._guard = guard
+        self._checker = checker
         self._resolver: Resolver = "walk" if resolver == "walk" else "auto"
 
     # -- checks ------------------------------------------------------------------
@@ -88,6 +84,10 @@ class ProtectedFileSystem:
         for prot in self._protected:
             if folded[: len(prot)] == prot or (holding and prot[: len(folded)] == folded):
                 raise _denied(verb, prot)
+        for i in range(1, len(folded)):
+            for prot in self._nested:
+                if folded[i : i + len(prot)] == prot:
+                    raise _denied(verb, prot)
 
     def _canonical(
         self, root_fd: int, root_real: str, parts: Sequence[str], *, whole: bool = False
@@ -151,20 +151,16 @@ class ProtectedFileSystem:
             )
 
     async def _after(self) -> None:
-        if self._guard is None:
+        if self._checker is None:
             return
-        result = await self._guard.acheck()
+        result = await self._checker.acheck()
         if result.notes or not result.clean:
             raise OperationError(
                 f"the change reached a protected path {_REASON} and was moved out of the workspace",
                 code="policy_denied",
             )
 
-    # -- the FileSystem protocol ---------------------------------------------------
-
-    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
-        """Read a file (not restricted)."""
-        return await self._inner.read_file(path, max_bytes=max_bytes)
+    # -- the calls that create, replace or remove a path ----------------------------
 
     async def write_file(self, path: str, data: bytes) -> None:
         """Write a file unless it is, or lies under, a protected path."""
@@ -180,22 +176,6 @@ class ProtectedFileSystem:
         count = await self._inner.edit_file(path, old_text, new_text, replace_all=replace_all)
         await self._after()
         return count
-
-    async def ls(self, path: str = "/") -> Sequence[FileEntry]:
-        """List a directory (not restricted)."""
-        return await self._inner.ls(path)
-
-    async def glob(self, pattern: str, path: str = "/") -> Sequence[str]:
-        """Glob (not restricted)."""
-        return await self._inner.glob(pattern, path)
-
-    async def grep(self, matcher: Matcher, options: GrepOptions) -> GrepResult:
-        """Search (not restricted)."""
-        return await self._inner.grep(matcher, options)
-
-    async def stat(self, path: str) -> FileStat:
-        """Stat (not restricted)."""
-        return await self._inner.stat(path)
 
     async def mkdir(self, path: str, *, parents: bool = False) -> None:
         """Create a directory unless it is, or lies under, a protected path."""

@@ -22,23 +22,28 @@ import anyio.to_thread
 import attrs
 
 from corral import FileSystem, OperationError, Shell, WorkspaceFailedError
-from corral_posix import Isolation, TmpdirWorkspaceProvider, remove_tree
-from corral_posix._shell import ResourceLimits as ShellLimits
-from corral_posix._wrapper import CommandWrapper
+from corral_posix import (
+    CommandWrapper,
+    Isolation,
+    ProcessLimits,
+    TmpdirWorkspaceProvider,
+    remove_tree,
+)
 
 from ._bwrap import BwrapWrapper
 from ._cgroup import CgroupUnavailable, WorkspaceCgroup, release_recorded, workspace_cgroup
 from ._detect import PROVIDER_ID, BwrapBackend, detect_bwrap
 from ._gitconfig import git_config_is_safe
-from ._guarded_shell import GuardedShell
 from ._policy import (
+    SANDBOX_ROOT,
     NetworkPolicy,
     ProtectedPath,
-    ResourceLimits,
+    SandboxLimits,
     SandboxPolicy,
 )
-from ._protect import PathGuard
+from ._protect import ProtectedPathChecker
 from ._protected_fs import ProtectedFileSystem
+from ._protected_shell import ProtectedShell
 from ._quota import DiskQuota, QuotaFileSystem, QuotaShell
 from ._seatbelt import SANDBOX_EXEC, SeatbeltWrapper
 from ._seccomp import denied_syscalls
@@ -95,7 +100,7 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
 
     Args:
         network: ``"off"`` (default) or ``"on"``, or a :class:`NetworkPolicy`.
-        limits: :class:`ResourceLimits` or a mapping of overrides.
+        limits: :class:`SandboxLimits` or a mapping of overrides.
         protected_paths: Workspace paths commands cannot write or create;
             default :data:`DEFAULT_PROTECTED_PATHS`. Strings ending in ``/``
             are directories.
@@ -115,7 +120,7 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
         self,
         *,
         network: NetworkPolicy | str | Mapping[str, Any] = "off",
-        limits: ResourceLimits | Mapping[str, Any] | None = None,
+        limits: SandboxLimits | Mapping[str, Any] | None = None,
         protected_paths: Iterable[ProtectedPath | str] | None = None,
         bwrap_path: str | os.PathLike[str] | None = None,
         **base_options: Any,
@@ -126,7 +131,7 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
             )
         policy = SandboxPolicy(
             network=NetworkPolicy.coerce(network),
-            limits=ResourceLimits.coerce(limits),
+            limits=SandboxLimits.coerce(limits),
             protected_paths=SandboxPolicy.coerce_protected(protected_paths),
         )
         # Every rlimit but RLIMIT_NPROC is set by the shell's supervisor on the
@@ -135,7 +140,7 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
         # would only break runtimes that reserve far more address space than
         # they use (Go, the JVM, Node, sanitizers) without bounding anything more.
         lim = policy.limits
-        shell_limits = ShellLimits(
+        shell_limits = ProcessLimits(
             cpu_s=lim.cpu_seconds,
             address_space_bytes=lim.memory_bytes if sys.platform == "darwin" else None,
             file_size_bytes=lim.effective_file_size(),
@@ -291,23 +296,23 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
         facts = {"backend": "seatbelt", "seccomp": False, **self._policy_facts()}
         return _Resources(wrapper, scratch, facts)
 
-    def _guard(self, root: str, state_dir: str) -> PathGuard:
-        """Build a workspace's protected-path guard and run its check (blocking).
+    def _checker(self, root: str, state_dir: str) -> ProtectedPathChecker:
+        """Build a workspace's protected-path checker and run its check (blocking).
 
         Runs at every open and resolve, and after every restore and branch:
         whatever a dead process's command, a snapshot or the host left at a
         protected path is judged before anything trusts it.
         """
-        guard = PathGuard(
+        checker = ProtectedPathChecker(
             root,
             state_dir,
             self._policy.protected_paths,
             validators={".git/config": git_config_is_safe},
         )
-        result = guard.check()
+        result = checker.check()
         if not result.clean:
             log.warning("a protected path of %s could not be made safe", root)
-        return guard
+        return checker
 
     async def prepare_isolation(
         self, root: str, *, state_dir: str, capabilities: frozenset[str]
@@ -322,19 +327,23 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
             WorkspaceFailedError: No usable sandbox backend; the message says
                 what is missing and how to fix it.
         """
-        guard = await anyio.to_thread.run_sync(self._guard, root, state_dir)
+        checker = await anyio.to_thread.run_sync(self._checker, root, state_dir)
         protected = self._policy.protected_paths
 
-        def guard_fs(fs: FileSystem) -> FileSystem:
+        def protect_fs(fs: FileSystem) -> FileSystem:
             resolver = getattr(fs, "resolver", "auto")
-            return ProtectedFileSystem(fs, protected, root=root, guard=guard, resolver=resolver)
+            return ProtectedFileSystem(fs, protected, root=root, checker=checker, resolver=resolver)
 
         def verify(new_root: str, new_state: str) -> None:
-            self._guard(new_root, new_state)
+            self._checker(new_root, new_state)
 
         if "shell" not in capabilities:
-            return Isolation(details={"backend": None}, decorate_fs=guard_fs, after_extract=verify)
+            return Isolation(
+                details={"backend": None}, decorate_fs=protect_fs, after_extract=verify
+            )
         resources = await anyio.to_thread.run_sync(self._prepare, state_dir)
+        # Where the sandbox's commands see the workspace (corral's one path namespace).
+        resources.facts["workspace_path"] = SANDBOX_ROOT
         quota = self._quota(root, resources.scratch)
         if quota is not None:
             resources.facts["disk_quota_bytes"] = quota.limit
@@ -342,19 +351,19 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
         async def cleanup() -> None:
             await anyio.to_thread.run_sync(resources.release)
 
-        def guard_shell(shell: Shell) -> Shell:
-            guarded: Shell = GuardedShell(shell, guard)
+        def protect_shell(shell: Shell) -> Shell:
+            guarded: Shell = ProtectedShell(shell, checker)
             return guarded if quota is None else QuotaShell(guarded, quota)
 
         def quota_fs(fs: FileSystem) -> FileSystem:
-            guarded = guard_fs(fs)
+            guarded = protect_fs(fs)
             return guarded if quota is None else QuotaFileSystem(guarded, quota)
 
         return Isolation(
             wrapper=resources.wrapper,
             cleanup=cleanup,
             details=resources.facts,
-            decorate_shell=guard_shell,
+            decorate_shell=protect_shell,
             decorate_fs=quota_fs,
             after_extract=verify,
         )

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Sequence
 from typing import Final
 
 import anyio
@@ -32,12 +31,9 @@ import attrs
 from corral import (
     CommandRequest,
     ExecResult,
-    FileEntry,
-    FileStat,
     FileSystem,
-    GrepOptions,
-    GrepResult,
-    Matcher,
+    ForwardingFileSystem,
+    ForwardingShell,
     OperationError,
     Shell,
 )
@@ -128,7 +124,10 @@ def _walk(root: str) -> Usage:
                 try:
                     child = os.open(pending.pop(), _DIR, dir_fd=fd)
                 except OSError:
-                    continue  # replaced by a symlink or removed: nothing to count
+                    # Listed a moment ago, now gone or not a directory: it may
+                    # have moved somewhere already counted or not yet seen,
+                    # so this walk's total cannot be trusted.
+                    raise _Raced from None
                 os.close(fd)
                 fd = child
                 st = os.fstat(fd)
@@ -184,8 +183,21 @@ class DiskQuota:
         return os.path.lexists(self.flag_path)
 
     def update(self) -> Usage:
-        """Measure, then set or clear the flag (blocking)."""
-        usage = measure(self.root)
+        """Measure, then set or clear the flag (blocking).
+
+        A workspace that cannot be measured (a concurrent command keeps moving
+        directories under the walk) is flagged: the quota fails closed, or a
+        command racing the walk forever would keep it from ever applying.
+
+        Raises:
+            OSError: The workspace could not be measured (the flag is set).
+        """
+        try:
+            usage = measure(self.root)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.close(os.open(self.flag_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            raise
         if usage.bytes > self.limit:
             with contextlib.suppress(FileExistsError):
                 os.close(os.open(self.flag_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
@@ -209,12 +221,19 @@ class DiskQuota:
         """
         if not self.flagged():
             return
-        usage = await anyio.to_thread.run_sync(self.update)
+        try:
+            usage = await anyio.to_thread.run_sync(self.update)
+        except OSError:
+            raise OperationError(
+                "the workspace could not be measured against its disk quota (it kept changing "
+                "while it was walked); try again when no other command is running",
+                code="policy_denied",
+            ) from None
         if usage.bytes > self.limit:
             raise OperationError(self.message(usage), code="policy_denied")
 
 
-class QuotaShell:
+class QuotaShell(ForwardingShell):
     """Runs commands through ``inner`` unless over quota; measures after each one.
 
     Args:
@@ -223,7 +242,7 @@ class QuotaShell:
     """
 
     def __init__(self, inner: Shell, quota: DiskQuota) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._quota = quota
 
     async def run(self, request: CommandRequest) -> ExecResult:
@@ -244,7 +263,10 @@ class QuotaShell:
             usage = await anyio.to_thread.run_sync(self._quota.update)
         except OSError:
             usage = None
-            notes += "corral: the workspace could not be measured against its disk quota\n"
+            notes += (
+                "corral: the workspace could not be measured against its disk quota; "
+                "further commands and writes are refused until it can be\n"
+            )
         if usage is not None and usage.stripped:
             notes += f"corral: cleared set-user/group-ID bits on {usage.stripped} file(s)\n"
         if usage is not None and usage.bytes > self._quota.limit:
@@ -255,14 +277,8 @@ class QuotaShell:
             result = attrs.evolve(result, stderr=result.stderr + notes)
         return result
 
-    async def aclose(self) -> None:
-        """Close the inner shell."""
-        aclose = getattr(self._inner, "aclose", None)
-        if aclose is not None:
-            await aclose()
 
-
-class QuotaFileSystem:
+class QuotaFileSystem(ForwardingFileSystem):
     """A FileSystem that refuses writes while the workspace is over quota; removal always works.
 
     Args:
@@ -271,12 +287,8 @@ class QuotaFileSystem:
     """
 
     def __init__(self, inner: FileSystem, quota: DiskQuota) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._quota = quota
-
-    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
-        """Read a file (not restricted)."""
-        return await self._inner.read_file(path, max_bytes=max_bytes)
 
     async def write_file(self, path: str, data: bytes) -> None:
         """Write a file unless over quota."""
@@ -289,22 +301,6 @@ class QuotaFileSystem:
         """Edit a file unless over quota."""
         await self._quota.refuse_if_over()
         return await self._inner.edit_file(path, old_text, new_text, replace_all=replace_all)
-
-    async def ls(self, path: str = "/") -> Sequence[FileEntry]:
-        """List a directory (not restricted)."""
-        return await self._inner.ls(path)
-
-    async def glob(self, pattern: str, path: str = "/") -> Sequence[str]:
-        """Glob (not restricted)."""
-        return await self._inner.glob(pattern, path)
-
-    async def grep(self, matcher: Matcher, options: GrepOptions) -> GrepResult:
-        """Search (not restricted)."""
-        return await self._inner.grep(matcher, options)
-
-    async def stat(self, path: str) -> FileStat:
-        """Stat (not restricted)."""
-        return await self._inner.stat(path)
 
     async def mkdir(self, path: str, *, parents: bool = False) -> None:
         """Create a directory unless over quota."""

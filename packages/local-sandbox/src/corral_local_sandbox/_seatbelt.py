@@ -16,7 +16,7 @@ from typing import Final
 
 import attrs
 
-from corral_posix._wrapper import WrapContext, WrappedCommand
+from corral_posix import WrapContext, WrappedCommand
 
 from ._policy import SandboxPolicy
 

@@ -22,9 +22,9 @@ from corral import (
     Matcher,
     OperationError,
     apply_edit,
-    ensure_open,
     normalize_path,
     path_parts,
+    workspace_closed,
 )
 
 from ._search import glob_tree, grep_tree
@@ -75,7 +75,8 @@ class InMemoryFileSystem:
 
     async def _enter(self) -> WorkspaceState:
         await anyio.lowlevel.checkpoint()
-        ensure_open(self._state.closed)
+        if self._state.closed:
+            raise workspace_closed()
         return self._state
 
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:

@@ -22,5 +22,7 @@ def corral_register_providers(register: Callable[[corral.ProviderSpec], None]) -
             capabilities=SUPPORTED_CAPABILITIES,
             summary="files and snapshots in process memory; for tests, demos, ephemeral agents",
             distribution="corral-memory",
+            # Its workspaces live in this process's memory and die with it.
+            outlives_process=False,
         )
     )

@@ -208,6 +208,8 @@ def _build(state: WorkspaceState, capabilities: frozenset[str]) -> ModularWorksp
         return {
             "provider_id": PROVIDER_ID,
             "workspace_id": state.workspace_id,
+            # No commands run here: the model's paths are plain workspace paths.
+            "workspace_path": "/",
             "used_bytes": state.tree.used_bytes,
             "file_bytes": state.tree.file_bytes,
             "max_workspace_bytes": state.limits.max_workspace_bytes,

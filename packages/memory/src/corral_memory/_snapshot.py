@@ -6,6 +6,11 @@ copies the snapshot's tree back (the snapshot itself is never mutated) and
 keeps the workspace's identity, so ``restore`` returns the same ref.
 Snapshots do not count against the byte budget (they share file data with
 the live tree); ``max_snapshots`` bounds how many a workspace holds.
+
+The snapshotter is also a :class:`corral.Versions`: reading at a version
+runs the ordinary in-memory file system over a private copy of the
+snapshot's tree (one dict per directory), and ``diff`` compares two trees
+node by node (file nodes are shared, so unchanged files compare by identity).
 """
 
 from __future__ import annotations
@@ -13,13 +18,26 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Final, Literal
 
 import anyio.lowlevel
 
-from corral import OperationError, SnapshotInfo, WorkspaceRef, ensure_open
+from corral import (
+    FileEntry,
+    FileStat,
+    GrepOptions,
+    GrepResult,
+    Matcher,
+    OperationError,
+    SnapshotInfo,
+    VersionChange,
+    WorkspaceRef,
+    workspace_closed,
+)
 
+from ._fs import InMemoryFileSystem
 from ._store import StoredSnapshot, WorkspaceState, new_workspace
+from ._tree import DirNode, FileNode, Node, walk
 
 __all__ = ["MAX_LABEL_LENGTH", "InMemorySnapshotter"]
 
@@ -54,7 +72,8 @@ class InMemorySnapshotter:
 
     async def _enter(self) -> WorkspaceState:
         await anyio.lowlevel.checkpoint()
-        ensure_open(self._state.closed)
+        if self._state.closed:
+            raise workspace_closed()
         return self._state
 
     @staticmethod
@@ -124,3 +143,89 @@ class InMemorySnapshotter:
             tree = self._get(state, snapshot_id).tree.copy()
         branch = new_workspace(state.limits, tree)
         return self._make_ref(branch.workspace_id)
+
+    # -- reading versions (corral.Versions) ------------------------------------
+
+    async def _fs_at(self, snapshot_id: str) -> tuple[InMemoryFileSystem, float]:
+        snapshot_id = self._check_id(snapshot_id)
+        state = await self._enter()
+        with state.lock:
+            snap = self._get(state, snapshot_id)
+            tree = snap.tree.copy()
+        # A private state outside the process-wide store: nothing can resolve
+        # or change it, and the snapshot's own tree is never handed out.
+        view = WorkspaceState(workspace_id=state.workspace_id, limits=state.limits, tree=tree)
+        return InMemoryFileSystem(view), snap.created_at
+
+    async def read_file_at(
+        self, snapshot_id: str, path: str, *, max_bytes: int | None = None
+    ) -> bytes:
+        """A file's content in a snapshot."""
+        fs, _created = await self._fs_at(snapshot_id)
+        return await fs.read_file(path, max_bytes=max_bytes)
+
+    async def ls_at(self, snapshot_id: str, path: str = "/") -> Sequence[FileEntry]:
+        """A directory's listing in a snapshot."""
+        fs, _created = await self._fs_at(snapshot_id)
+        return await fs.ls(path)
+
+    async def stat_at(self, snapshot_id: str, path: str) -> FileStat:
+        """A path's metadata in a snapshot (``mtime`` is the snapshot's time)."""
+        fs, created = await self._fs_at(snapshot_id)
+        st = await fs.stat(path)
+        return FileStat(path=st.path, type=st.type, size=st.size, mtime=created, mode=st.mode)
+
+    async def grep_at(self, snapshot_id: str, matcher: Matcher, options: GrepOptions) -> GrepResult:
+        """Search a snapshot's files."""
+        fs, _created = await self._fs_at(snapshot_id)
+        return await fs.grep(matcher, options)
+
+    async def diff(self, a: str, b: str | None = None) -> Sequence[VersionChange]:
+        """Entries that differ from snapshot ``a`` to snapshot ``b`` (or the live tree)."""
+        a = self._check_id(a)
+        state = await self._enter()
+        with state.lock:
+            old = self._get(state, a).tree.root
+            new = state.tree.root if b is None else self._get(state, self._check_id(b)).tree.root
+            before = dict(walk(old))
+            after = dict(walk(new))
+        out: list[VersionChange] = []
+        if old.mode != new.mode:
+            out.append(
+                VersionChange(path="/", change="modified", type="dir", old_size=0, new_size=0)
+            )
+        for rel, node in before.items():
+            other = after.get(rel)
+            if other is None:
+                out.append(VersionChange(f"/{rel}", "removed", _kind(node), old_size=_size(node)))
+            elif not _same(node, other):
+                out.append(
+                    VersionChange(
+                        f"/{rel}",
+                        "modified",
+                        _kind(other),
+                        old_size=_size(node),
+                        new_size=_size(other),
+                    )
+                )
+        out.extend(
+            VersionChange(f"/{rel}", "added", _kind(node), new_size=_size(node))
+            for rel, node in after.items()
+            if rel not in before
+        )
+        out.sort(key=lambda c: c.path)
+        return out
+
+
+def _kind(node: Node) -> Literal["file", "dir"]:
+    return "file" if isinstance(node, FileNode) else "dir"
+
+
+def _size(node: Node) -> int:
+    return len(node.data) if isinstance(node, FileNode) else 0
+
+
+def _same(a: Node, b: Node) -> bool:
+    if isinstance(a, FileNode) and isinstance(b, FileNode):
+        return a is b or (a.data == b.data and a.mode == b.mode)
+    return isinstance(a, DirNode) and isinstance(b, DirNode) and a.mode == b.mode

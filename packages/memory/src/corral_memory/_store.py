@@ -21,6 +21,8 @@ from typing import Final
 
 import attrs
 
+from corral import DEFAULT_MAX_FILE_BYTES
+
 from ._tree import Tree
 
 __all__ = [
@@ -38,7 +40,6 @@ __all__ = [
 ]
 
 DEFAULT_MAX_WORKSPACE_BYTES: Final = 256 * 1024 * 1024
-DEFAULT_MAX_FILE_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_MAX_GREP_FILE_BYTES: Final = 16 * 1024 * 1024
 DEFAULT_MAX_SNAPSHOTS: Final = 64
 

@@ -7,13 +7,21 @@ snapshot store that local-bash, local-sandbox and docker share.
 
 from __future__ import annotations
 
+from ._assembly import (
+    BuildContext,
+    Modules,
+    WorkspaceAssembly,
+    WorkspaceBuilder,
+    WorkspacePayload,
+    positive_size_option,
+)
+from ._checker import CheckedCommand, CommandChecker
 from ._fdtree import remove_tree_at
 from ._fs import TmpdirFileSystem
-from ._guard import GuardedCommand, ShellGuard
 from ._layout import TmpdirLayout, TmpdirRefPayload, remove_tree, sanitize_session_id
-from ._provider import DEFAULT_MAX_FILE_BYTES, Isolation, TmpdirWorkspaceProvider
+from ._provider import Isolation, TmpdirWorkspaceProvider
 from ._resolve import Resolver, open_beneath, openat2_available
-from ._shell import ResourceLimits, SubprocessShell
+from ._shell import ProcessLimits, SubprocessShell
 from ._snapshots import Reattachable, TmpdirSnapshotter, exchange_dirs
 from ._wrapper import (
     IDENTITY_WRAPPER,
@@ -24,27 +32,32 @@ from ._wrapper import (
 )
 
 __all__: list[str] = [
-    "DEFAULT_MAX_FILE_BYTES",
     "IDENTITY_WRAPPER",
+    "BuildContext",
+    "CheckedCommand",
+    "CommandChecker",
     "CommandWrapper",
-    "GuardedCommand",
     "IdentityWrapper",
     "Isolation",
+    "Modules",
+    "ProcessLimits",
     "Reattachable",
     "Resolver",
-    "ResourceLimits",
-    "ShellGuard",
     "SubprocessShell",
     "TmpdirFileSystem",
     "TmpdirLayout",
     "TmpdirRefPayload",
     "TmpdirSnapshotter",
     "TmpdirWorkspaceProvider",
+    "WorkspaceAssembly",
+    "WorkspaceBuilder",
+    "WorkspacePayload",
     "WrapContext",
     "WrappedCommand",
     "exchange_dirs",
     "open_beneath",
     "openat2_available",
+    "positive_size_option",
     "remove_tree",
     "remove_tree_at",
     "sanitize_session_id",

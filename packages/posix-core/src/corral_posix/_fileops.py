@@ -25,7 +25,14 @@ from typing import Final
 
 import attrs
 
-from corral import FileStat, FileType, OperationError, apply_edit, path_parts
+from corral import (
+    DEFAULT_MAX_FILE_BYTES,
+    FileStat,
+    FileType,
+    OperationError,
+    apply_edit,
+    path_parts,
+)
 
 from ._fdtree import remove_tree_at
 from ._resolve import Resolver, errno_code, open_beneath
@@ -55,7 +62,7 @@ class FsConfig:
 
     resolver: Resolver = "auto"
     allow_leaf_symlinks: bool = False
-    max_file_bytes: int = 100 * 1024 * 1024
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     max_walk_entries: int = 100_000
     max_walk_depth: int = 64
 

@@ -10,6 +10,7 @@ from typing import TypeVar
 import anyio.to_thread
 
 from corral import (
+    DEFAULT_MAX_FILE_BYTES,
     ConfigError,
     FileEntry,
     FileStat,
@@ -114,7 +115,7 @@ class TmpdirFileSystem:
         self,
         root: str | os.PathLike[str],
         *,
-        max_file_bytes: int = 100 * 1024 * 1024,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
         allow_leaf_symlinks: bool = False,
         max_walk_entries: int = 100_000,
         max_walk_depth: int = 64,

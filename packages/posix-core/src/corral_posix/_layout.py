@@ -6,8 +6,9 @@ owns one base directory, private to the current user::
     <tmpdir_root>/corral-<provider_id>-<uid>/        0o700, owned by us
         ws-<session>-<random>/                       one workspace (mkdtemp)
         state/ws-<session>-<random>/marker.json      "this directory is ours"
-        state/ws-<session>-<random>/snapshots/       its snapshot tarballs
-        .tmp-*, .trash-*                             restores and removals in flight
+        state/ws-<session>-<random>/snapshots/       its versions (manifests + metadata)
+        store/                                       blobs every workspace's versions share
+        .tmp-*, .trash-*                             conversions and removals in flight
         .stuck-*                                     leftovers a sweep could not remove
 
 The uid in the base name keeps users sharing ``/tmp`` from colliding, and
@@ -193,7 +194,7 @@ class TmpdirLayout:
         return os.path.join(self.base_dir, _STATE, name)
 
     def snapshot_path(self, name: str) -> str:
-        """Where a workspace's snapshot tarballs live."""
+        """Where a workspace's versions live (and tarballs of the previous schema)."""
         return os.path.join(self.base_dir, _STATE, name, _SNAPSHOTS)
 
     def is_workspace_name(self, name: object) -> bool:

@@ -14,7 +14,6 @@ recreating an empty directory would hide the loss of the agent's files).
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar, Final
@@ -24,31 +23,26 @@ import anyio.to_thread
 import attrs
 
 from corral import (
+    DEFAULT_MAX_FILE_BYTES,
     FileSystem,
     ModularWorkspace,
     OpenedWorkspace,
     ProviderConfig,
     SessionRef,
     Shell,
-    WorkspaceFailedError,
     WorkspaceRef,
-    check_ref,
-    structure_payload,
-    unstructure_payload,
 )
 
+from ._assembly import BuildContext, Modules, WorkspaceAssembly, positive_size_option
 from ._fs import TmpdirFileSystem
 from ._layout import TmpdirLayout, TmpdirRefPayload
 from ._resolve import Resolver
-from ._shell import ResourceLimits, SubprocessShell
+from ._shell import ProcessLimits, SubprocessShell
 from ._snapshots import TmpdirSnapshotter
 from ._wrapper import CommandWrapper
 
-__all__ = ["DEFAULT_MAX_FILE_BYTES", "Isolation", "TmpdirWorkspaceProvider"]
+__all__ = ["Isolation", "TmpdirWorkspaceProvider"]
 
-log = logging.getLogger("corral.posix.provider")
-
-DEFAULT_MAX_FILE_BYTES: Final = 10 * 1024 * 1024
 _SESSION_OPTIONS: Final = frozenset({"max_file_bytes", "allow_leaf_symlinks"})
 
 
@@ -92,7 +86,7 @@ class TmpdirWorkspaceProvider:
         allow_leaf_symlinks: Let the filesystem follow a symlink in the last
             path component when it stays inside the workspace.
         resolver: Path resolver of the filesystem (``"auto"``, ``"openat2"``, ``"walk"``).
-        shell_limits: rlimits for every command, as :class:`~corral_posix.ResourceLimits`
+        shell_limits: rlimits for every command, as :class:`~corral_posix.ProcessLimits`
             or a mapping of its fields (as plugin options arrive).
         base_env: Environment every command starts from (never stored in refs).
         snapshot_compresslevel: gzip level of snapshot tarballs (1-9).
@@ -109,7 +103,7 @@ class TmpdirWorkspaceProvider:
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
         allow_leaf_symlinks: bool = False,
         resolver: Resolver = "auto",
-        shell_limits: ResourceLimits | Mapping[str, int | None] | None = None,
+        shell_limits: ProcessLimits | Mapping[str, int | None] | None = None,
         base_env: Mapping[str, str] | None = None,
         snapshot_compresslevel: int = 1,
     ) -> None:
@@ -129,7 +123,7 @@ class TmpdirWorkspaceProvider:
         self._resolver = resolver
         if isinstance(shell_limits, Mapping):
             try:
-                shell_limits = ResourceLimits(**shell_limits)
+                shell_limits = ProcessLimits(**shell_limits)
             except TypeError:
                 raise ValueError("shell_limits has an unknown key") from None
         self._shell_limits = shell_limits
@@ -139,6 +133,13 @@ class TmpdirWorkspaceProvider:
             raise ValueError("base_env must map strings to strings")
         self._base_env = dict(base_env) if base_env is not None else None
         self._level = snapshot_compresslevel
+        self._assembly = WorkspaceAssembly(
+            _TmpdirBuilder(self),
+            provider_id=self.provider_id,
+            capabilities=self.capabilities,
+            schema_version=self.schema_version,
+            payload_type=TmpdirRefPayload,
+        )
 
     @property
     def layout(self) -> TmpdirLayout:
@@ -181,135 +182,6 @@ class TmpdirWorkspaceProvider:
             provider_id=self.provider_id,
         )
 
-    # -- helpers ---------------------------------------------------------------
-
-    def _fail(self, message: str) -> WorkspaceFailedError:
-        return WorkspaceFailedError(f"{self.provider_id}: {message}", provider_id=self.provider_id)
-
-    def _check_platform(self) -> None:
-        if _os_name() == "nt":
-            raise self._fail("Windows is not supported. Use WSL and run the agent inside it.")
-
-    def _wanted(self, declared: frozenset[str] | None) -> frozenset[str]:
-        if declared is None:
-            return self.capabilities
-        missing = sorted(set(declared) - self.capabilities)
-        if missing:
-            raise self._fail(f"cannot provide capabilities: {', '.join(missing)}")
-        return frozenset(declared)
-
-    def _payload(self, config: ProviderConfig) -> TmpdirRefPayload:
-        options = dict(config.options)
-        unknown = sorted(set(options) - _SESSION_OPTIONS)
-        if unknown:
-            raise self._fail(f"unknown provider options: {', '.join(unknown)}")
-        size = options.get("max_file_bytes", self._max_file_bytes)
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-            raise self._fail("option max_file_bytes must be a positive integer")
-        leaf = options.get("allow_leaf_symlinks", self._allow_leaf_symlinks)
-        if not isinstance(leaf, bool):
-            raise self._fail("option allow_leaf_symlinks must be a boolean")
-        return TmpdirRefPayload(
-            workspace="",
-            base_dir=self._layout.base_dir,
-            max_file_bytes=size,
-            allow_leaf_symlinks=leaf,
-        )
-
-    def _ref(self, payload: TmpdirRefPayload, caps: frozenset[str]) -> WorkspaceRef:
-        return WorkspaceRef(
-            provider_id=self.provider_id,
-            payload=unstructure_payload(payload),
-            capabilities=caps,
-            schema_version=self.schema_version,
-        )
-
-    async def _assemble(
-        self, payload: TmpdirRefPayload, caps: frozenset[str], *, owned: bool
-    ) -> ModularWorkspace:
-        layout, name = self._layout, payload.workspace
-        root = layout.workspace_path(name)
-        fs: TmpdirFileSystem | None = None
-        shell: Shell | None = None
-        snap: TmpdirSnapshotter | None = None
-        isolation: Isolation | None = None
-
-        async def release() -> None:
-            if snap is not None:
-                snap.close()
-            try:
-                aclose = getattr(shell, "aclose", None)
-                if aclose is not None:
-                    await aclose()
-            finally:
-                try:
-                    if isolation is not None and isolation.cleanup is not None:
-                        await isolation.cleanup()
-                finally:
-                    if fs is not None:
-                        fs.close()
-
-        async def cleanup() -> None:
-            try:
-                await release()
-            finally:
-                await anyio.to_thread.run_sync(layout.remove_workspace, name)
-
-        try:
-            isolation = await self.prepare_isolation(
-                root, state_dir=layout.state_path(name), capabilities=caps
-            )
-            if "fs" in caps or "snapshot" in caps:
-                fs = await anyio.to_thread.run_sync(
-                    lambda: TmpdirFileSystem(
-                        root,
-                        max_file_bytes=payload.max_file_bytes,
-                        allow_leaf_symlinks=payload.allow_leaf_symlinks,
-                        resolver=self._resolver,
-                        provider_id=self.provider_id,
-                    )
-                )
-            if "shell" in caps:
-                shell = self.build_shell(root, isolation.wrapper)
-                if isolation.decorate_shell is not None:
-                    shell = isolation.decorate_shell(shell)
-            if "snapshot" in caps:
-                snap = TmpdirSnapshotter(
-                    layout,
-                    name,
-                    lambda n: self._ref(_with_workspace(payload, n), caps),
-                    fs=fs,
-                    compresslevel=self._level,
-                    after_extract=isolation.after_extract,
-                )
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await (cleanup() if owned else release())
-            raise
-
-        extra = isolation.details
-
-        def details() -> Mapping[str, Any]:
-            return {
-                "provider": self.provider_id,
-                "root": root,
-                "resolver": getattr(fs, "resolver", self._resolver),
-                "capabilities": sorted(caps),
-                **extra,
-            }
-
-        agent_fs: FileSystem | None = fs if "fs" in caps else None
-        if agent_fs is not None and isolation.decorate_fs is not None:
-            agent_fs = isolation.decorate_fs(agent_fs)
-        return ModularWorkspace(
-            f"{self.provider_id}:{name}",
-            fs=agent_fs,
-            shell=shell,
-            snapshot=snap,
-            on_close=cleanup,
-            details=details,
-        )
-
     # -- the provider contract -------------------------------------------------
 
     async def open(
@@ -325,14 +197,7 @@ class TmpdirWorkspaceProvider:
                 declared capability this provider lacks, or an unusable base dir.
         """
         self._check_platform()
-        if config.kind != self.provider_id:
-            raise self._fail("the workspace config names another provider kind")
-        caps = self._wanted(declared)
-        template = self._payload(config)
-        name = await anyio.to_thread.run_sync(self._layout.create_workspace, session.session_id)
-        payload = _with_workspace(template, name)
-        workspace = await self._assemble(payload, caps, owned=True)
-        return OpenedWorkspace(workspace=workspace, ref=self._ref(payload, caps))
+        return await self._assembly.open(config, session, declared)
 
     async def resolve(self, ref: WorkspaceRef) -> ModularWorkspace:
         """Re-attach the workspace a ref names, after checking it is ours and intact.
@@ -343,15 +208,112 @@ class TmpdirWorkspaceProvider:
                 lost. Messages never repeat the payload.
         """
         self._check_platform()
-        check_ref(ref, provider_id=self.provider_id, current=self.schema_version)
-        payload = structure_payload(ref.payload, TmpdirRefPayload, provider_id=self.provider_id)
-        if payload.max_file_bytes <= 0:
-            raise self._fail("workspace ref payload is malformed")
-        caps = ref.capabilities or self.capabilities
-        if caps - self.capabilities:
-            raise self._fail("the ref lists capabilities this provider cannot provide")
+        return await self._assembly.resolve(ref)
+
+    def _check_platform(self) -> None:
+        if _os_name() == "nt":
+            raise self._assembly.fail(
+                "Windows is not supported. Use WSL and run the agent inside it."
+            )
+
+
+class _TmpdirBuilder:
+    """The parts of a tmpdir workspace: a layout directory, its fs, shell and snapshots."""
+
+    def __init__(self, provider: TmpdirWorkspaceProvider) -> None:
+        # The provider's configuration and hooks; never per-session state.
+        self._provider = provider
+        self._layout = provider.layout
+
+    async def create(
+        self, config: ProviderConfig, session: SessionRef, capabilities: frozenset[str]
+    ) -> tuple[TmpdirRefPayload, None]:
+        """Check the session's options and make its private directory."""
+        provider = self._provider
+        options = dict(config.options)
+        unknown = sorted(set(options) - _SESSION_OPTIONS)
+        if unknown:
+            raise provider._assembly.fail(f"unknown provider options: {', '.join(unknown)}")
+        size = positive_size_option(options, "max_file_bytes", provider._max_file_bytes)
+        if size is None:
+            raise provider._assembly.fail("option max_file_bytes must be a positive integer")
+        leaf = options.get("allow_leaf_symlinks", provider._allow_leaf_symlinks)
+        if not isinstance(leaf, bool):
+            raise provider._assembly.fail("option allow_leaf_symlinks must be a boolean")
+        name = await anyio.to_thread.run_sync(self._layout.create_workspace, session.session_id)
+        payload = TmpdirRefPayload(
+            workspace=name,
+            base_dir=self._layout.base_dir,
+            max_file_bytes=size,
+            allow_leaf_symlinks=leaf,
+        )
+        return payload, None
+
+    async def locate(self, payload: TmpdirRefPayload) -> None:
+        """Check the directory is under our base, ours, and still there."""
         await anyio.to_thread.run_sync(self._layout.locate, payload)
-        return await self._assemble(payload, caps, owned=False)
+
+    async def destroy(self, payload: TmpdirRefPayload) -> None:
+        """Remove the workspace directory and its state."""
+        await anyio.to_thread.run_sync(self._layout.remove_workspace, payload.workspace)
+
+    async def build(self, ctx: BuildContext[TmpdirRefPayload, None]) -> Modules:
+        """Prepare the isolation, then the filesystem, shell and snapshotter declared."""
+        provider, layout, payload = self._provider, self._layout, ctx.payload
+        caps, name = ctx.capabilities, payload.workspace
+        root = layout.workspace_path(name)
+        isolation = await provider.prepare_isolation(
+            root, state_dir=layout.state_path(name), capabilities=caps
+        )
+        if isolation.cleanup is not None:
+            ctx.releases.push_async_callback(isolation.cleanup)
+        fs: TmpdirFileSystem | None = None
+        shell: Shell | None = None
+        snap: TmpdirSnapshotter | None = None
+        if "fs" in caps or "snapshot" in caps:
+            fs = await anyio.to_thread.run_sync(
+                lambda: TmpdirFileSystem(
+                    root,
+                    max_file_bytes=payload.max_file_bytes,
+                    allow_leaf_symlinks=payload.allow_leaf_symlinks,
+                    resolver=provider._resolver,
+                    provider_id=provider.provider_id,
+                )
+            )
+            ctx.releases.callback(fs.close)
+        if "shell" in caps:
+            shell = provider.build_shell(root, isolation.wrapper)
+            if isolation.decorate_shell is not None:
+                shell = isolation.decorate_shell(shell)
+            aclose = getattr(shell, "aclose", None)
+            if aclose is not None:
+                ctx.releases.push_async_callback(aclose)
+        if "snapshot" in caps:
+            snap = TmpdirSnapshotter(
+                layout,
+                name,
+                lambda n: ctx.stamp(_with_workspace(payload, n)),
+                fs=fs,
+                compresslevel=provider._level,
+                after_extract=isolation.after_extract,
+            )
+            ctx.releases.callback(snap.close)
+            # A restore a crash interrupted is finished before anything uses the tree.
+            await snap.recover()
+
+        agent_fs: FileSystem | None = fs if "fs" in caps else None
+        if agent_fs is not None and isolation.decorate_fs is not None:
+            agent_fs = isolation.decorate_fs(agent_fs)
+        resolver = fs.resolver if fs is not None else provider._resolver
+        extra = isolation.details
+
+        def details() -> Mapping[str, Any]:
+            # Commands see the root where it lies (isolation may say otherwise);
+            # a workspace without commands keeps the plain "/" view.
+            where = root if shell is not None else "/"
+            return {"root": root, "resolver": resolver, "workspace_path": where, **extra}
+
+        return Modules(fs=agent_fs, shell=shell, snapshot=snap, details=details)
 
 
 def _os_name() -> str:

@@ -19,8 +19,8 @@ import attrs
 from corral import CommandRequest, ExecResult, OperationError, WorkspaceEvictedError
 
 from ._capture import Capture, feed, write_now
+from ._checker import CommandChecker
 from ._env import base_environment
-from ._guard import ShellGuard
 from ._reaper import FINAL, FLAG_RETIRE, FLAG_TIMED_OUT, KIND_ERRNO
 from ._supervisor import POOL, Reaper, encode_limits, encode_request
 from ._wrapper import (
@@ -31,7 +31,7 @@ from ._wrapper import (
     WrappedCommand,
 )
 
-__all__ = ["ResourceLimits", "SubprocessShell"]
+__all__ = ["ProcessLimits", "SubprocessShell"]
 
 _KILL_WAIT_S: Final = 15.0
 _ATTEMPTS: Final = 3
@@ -47,7 +47,7 @@ def _at_least(minimum: int) -> Callable[[Any, attrs.Attribute[Any], int | None],
 
 
 @attrs.frozen(kw_only=True)
-class ResourceLimits:
+class ProcessLimits:
     """rlimits applied to each command (``None`` leaves a limit as inherited).
 
     Limits can only be lowered: a value above the host's hard limit is
@@ -95,7 +95,7 @@ class ResourceLimits:
 class SubprocessShell:
     """Runs guarded commands as subprocesses of pooled reaper processes.
 
-    Each command gets: the argv the :class:`ShellGuard` approved (no shell
+    Each command gets: the argv the :class:`CommandChecker` approved (no shell
     unless the policy allows shell syntax), re-shaped by the
     :class:`CommandWrapper`; a minimal environment (``PATH``, ``HOME`` = the
     workspace root, ``LANG=C.UTF-8``, ``TMPDIR``, then ``base_env``, then the
@@ -108,7 +108,8 @@ class SubprocessShell:
 
     Args:
         root: Host path of the workspace root.
-        guard: Policy checks (a default :class:`ShellGuard` if omitted).
+        checker: Checks every request against the command policy (a default
+            :class:`CommandChecker` if omitted).
         wrapper: Re-shapes the guarded argv (e.g. under bwrap); identity by default.
         base_env: Operator-trusted variables added to every command (not
             checked against the denylist).
@@ -120,17 +121,17 @@ class SubprocessShell:
         self,
         root: str | os.PathLike[str],
         *,
-        guard: ShellGuard | None = None,
+        checker: CommandChecker | None = None,
         wrapper: CommandWrapper | None = None,
         base_env: Mapping[str, str] | None = None,
-        limits: ResourceLimits | None = None,
+        limits: ProcessLimits | None = None,
         provider_id: str | None = None,
     ) -> None:
         self.root = os.path.abspath(os.fspath(root))
-        self.guard = guard or ShellGuard()
+        self.checker = checker or CommandChecker()
         self.wrapper = wrapper or IDENTITY_WRAPPER
         self._base_env = dict(base_env or {})
-        self._limits_key = encode_limits((limits or ResourceLimits()).rlimits())
+        self._limits_key = encode_limits((limits or ProcessLimits()).rlimits())
         self._provider_id = provider_id
         self._active: dict[Reaper, int] = {}
         self._closed = False
@@ -155,7 +156,7 @@ class SubprocessShell:
             raise OperationError("the shell is closed", code="closed")
         root_fd = self._open_root()
         try:
-            guarded = self.guard.check_request(request, root_fd=root_fd)
+            guarded = self.checker.check_request(request, root_fd=root_fd)
         finally:
             os.close(root_fd)
         assert guarded.cwd_fd is not None

@@ -1,6 +1,6 @@
 """The CommandWrapper seam: how OS sandboxes re-shape an already-guarded command.
 
-A wrapper runs *after* every ShellGuard check (allowlist, metacharacters,
+A wrapper runs *after* every CommandChecker check (allowlist, metacharacters,
 environment denylist, cwd containment) and may only re-shape the launch: it
 turns the guarded argv into the argv that is actually executed (for example
 ``bwrap ... -- sh -c CMD``), and may change the environment the launcher sees,

@@ -7,30 +7,31 @@ import logging
 import anyio
 import attrs
 
-from corral import CommandRequest, ExecResult, OperationError, Shell
+from corral import CommandRequest, ExecResult, ForwardingShell, OperationError, Shell
 
-from ._protect import STUCK_NOTE, PathGuard
+from ._protect import STUCK_NOTE, ProtectedPathChecker
 
-__all__ = ["GuardedShell"]
+__all__ = ["ProtectedShell"]
 
 log = logging.getLogger("corral.local_sandbox.protect")
 
 
-class GuardedShell:
+class ProtectedShell(ForwardingShell):
     """Runs commands through ``inner`` between two protected-path checks.
 
     The check *before* catches what another process's command, a process
     that died mid-command, or the host left behind; the check *after* catches
-    what this command planted. Both judge content, not who ran when.
+    what this command planted, nested repositories included (a deep walk of
+    the tree, in a worker thread). Both judge content, not who ran when.
 
     Args:
         inner: The sandboxed posix-core shell.
-        guard: The workspace's protected-path guard.
+        checker: The workspace's protected-path checker.
     """
 
-    def __init__(self, inner: Shell, guard: PathGuard) -> None:
-        self._inner = inner
-        self._guard = guard
+    def __init__(self, inner: Shell, checker: ProtectedPathChecker) -> None:
+        super().__init__(inner)
+        self._checker = checker
         self._closed = False
 
     async def run(self, request: CommandRequest) -> ExecResult:
@@ -40,9 +41,9 @@ class GuardedShell:
             OperationError: ``policy_denied`` when something at a protected
                 path cannot be moved out of the workspace; anything ``inner`` raises.
         """
-        if self._closed:  # the guard's state is gone with the workspace
+        if self._closed:  # the checker's state is gone with the workspace
             raise OperationError("the workspace is closed", code="closed")
-        before = await self._guard.acheck()
+        before = await self._checker.acheck()
         if not before.clean:
             raise OperationError(
                 "a file planted at a protected path could not be removed; "
@@ -54,11 +55,11 @@ class GuardedShell:
         except BaseException:
             with anyio.CancelScope(shield=True):
                 try:
-                    await self._guard.acheck()
+                    await self._checker.acheck(deep=True)
                 except Exception:  # the command's own error matters more
                     log.exception("protected-path check after a failed command")
             raise
-        after = await self._guard.acheck()
+        after = await self._checker.acheck(deep=True)
         notes = before.notes + after.notes + (() if after.clean else (STUCK_NOTE,))
         if notes:
             result = attrs.evolve(result, stderr=result.stderr + "".join(notes))
@@ -67,6 +68,4 @@ class GuardedShell:
     async def aclose(self) -> None:
         """Close the inner shell (kills running commands)."""
         self._closed = True
-        aclose = getattr(self._inner, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await super().aclose()

@@ -1,4 +1,4 @@
-"""ShellGuard: the single-sourced policy checks every POSIX shell runs first."""
+"""CommandChecker: the command-policy checks every POSIX shell runs before launching."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ __all__ = [
     "MAX_COMMAND_BYTES",
     "RESERVED_WORDS",
     "UNSAFE_BUILTINS",
-    "GuardedCommand",
-    "ShellGuard",
+    "CheckedCommand",
+    "CommandChecker",
     "allowlist_programs",
 ]
 
@@ -95,7 +95,7 @@ _OPEN_DIR: Final = os.O_RDONLY | os.O_DIRECTORY
 
 
 @attrs.frozen
-class GuardedCommand:
+class CheckedCommand:
     """What a shell may launch after every check passed.
 
     Attributes:
@@ -114,7 +114,7 @@ class GuardedCommand:
     cwd_fd: int | None = None
 
 
-class ShellGuard:
+class CommandChecker:
     """Allowlist, shell-syntax, environment and cwd checks, with an audit trail.
 
     Used host-side by every POSIX shell: :class:`SubprocessShell` (local-bash,
@@ -142,7 +142,7 @@ class ShellGuard:
 
     def check_request(
         self, request: CommandRequest, *, root_fd: int | None = None
-    ) -> GuardedCommand:
+    ) -> CheckedCommand:
         """Run every check on a request and record one audit decision.
 
         Args:
@@ -171,7 +171,7 @@ class ShellGuard:
             if cwd_fd is not None:
                 os.close(cwd_fd)
             raise
-        return GuardedCommand(tuple(argv), env, parts, cwd_fd)
+        return CheckedCommand(tuple(argv), env, parts, cwd_fd)
 
     def check_command(self, request: CommandRequest) -> list[str]:
         """Check the command text against the policy in ``request``; audit it.
@@ -223,7 +223,7 @@ class ShellGuard:
     def relative_cwd(cwd: str | None) -> str:
         """Agent-view cwd as a relative path (``"."`` for the root), for shells
         that run elsewhere and join it under their own mount point."""
-        parts = ShellGuard.cwd_parts(cwd)
+        parts = CommandChecker.cwd_parts(cwd)
         return "/".join(parts) or "."
 
     @staticmethod
@@ -238,7 +238,7 @@ class ShellGuard:
         Raises:
             OperationError: ``not_found``, ``not_a_directory`` or ``invalid_path``.
         """
-        parts = ShellGuard.cwd_parts(cwd)
+        parts = CommandChecker.cwd_parts(cwd)
         if not parts:
             # "." beneath a directory fd cannot leave it nor cross a symlink:
             # plain openat is what both resolvers would do, minus ctypes.

@@ -1,0 +1,288 @@
+"""Content-addressed blobs: the bytes of every file version, stored once by SHA-256.
+
+A blob is named by the hex SHA-256 of its content and never changes once
+written: a version's manifest refers to it by that name, and any number of
+versions, workspaces and branches share it. Every read verifies the content
+against the name, so a blob damaged on disk (or planted by someone who can
+write the store) is reported, never handed out.
+
+:class:`BlobStore` is the seam: :class:`LocalBlobStore` keeps blobs as plain
+files on the workspace's own filesystem (so a branch can reflink them). An
+object store (S3, GCS) would implement the same five operations -- ``has``,
+``put``, ``open_verified`` (stream in, verify while reading), ``delete`` and
+``names`` -- with the write made atomic by the store's own
+put-if-absent; nothing above this module knows where blobs live.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import hashlib
+import os
+import re
+import secrets
+from collections.abc import Iterator
+from typing import Final, Protocol
+
+__all__ = ["BLOB_NAME", "BlobError", "BlobStore", "LocalBlobStore", "clone_or_copy", "syncfs"]
+
+BLOB_NAME: Final = re.compile(r"[0-9a-f]{64}")
+"""What a blob name (a content hash) looks like."""
+_CHUNK: Final = 1 << 20
+_FICLONE: Final = 0x40049409
+_READ: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+class BlobError(Exception):
+    """A blob is missing or its content does not match its name.
+
+    Attributes:
+        digest: The blob's name.
+        reason: ``"missing"`` or ``"corrupt"``.
+    """
+
+    def __init__(self, digest: str, reason: str) -> None:
+        super().__init__(f"blob {digest[:12]} is {reason}")
+        self.digest = digest
+        self.reason = reason
+
+
+class BlobStore(Protocol):
+    """Where blobs live. All methods block; callers run them in a worker thread."""
+
+    def has(self, digest: str) -> bool:
+        """Whether a blob of that name is stored (its content is checked on read)."""
+        ...
+
+    def put(self, digest: str, data: bytes) -> int:
+        """Store ``data`` under ``digest`` unless present; return the bytes newly stored."""
+        ...
+
+    def put_fd(self, src_fd: int) -> tuple[str, int, int]:
+        """Store the rest of an open file; return ``(digest, size, bytes newly stored)``."""
+        ...
+
+    def copy_verified(self, digest: str, dst_fd: int) -> int:
+        """Write the blob's content to ``dst_fd``, verifying it; return its size.
+
+        Raises:
+            BlobError: The blob is missing or corrupt (``dst_fd`` then holds
+                partial data the caller must discard).
+        """
+        ...
+
+    def read_verified(self, digest: str, max_bytes: int) -> bytes:
+        """The blob's content (at most ``max_bytes``; the caller checked the size).
+
+        Raises:
+            BlobError: The blob is missing, corrupt, or longer than ``max_bytes``.
+        """
+        ...
+
+    def delete(self, digest: str) -> None:
+        """Remove a blob; a missing one is fine."""
+        ...
+
+    def names(self) -> Iterator[str]:
+        """Every stored blob name."""
+        ...
+
+    def sync(self) -> None:
+        """Make every blob written so far durable (before a manifest refers to it)."""
+        ...
+
+
+def syncfs(fd: int) -> None:
+    """Flush the whole filesystem holding ``fd``: one call instead of an fsync per blob."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.syncfs
+    except (OSError, AttributeError):
+        os.sync()
+        return
+    if fn(fd) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def clone_or_copy(src_fd: int, dst_fd: int) -> bool:
+    """Make ``dst_fd``'s content a reflink of ``src_fd`` where the filesystem can.
+
+    ``FICLONE`` shares the data extents (btrfs, XFS): no bytes copied. The
+    constant is passed by value because :mod:`fcntl` lacks it on older
+    Pythons. Returns False (nothing done) where the filesystem cannot clone.
+    """
+    try:
+        fcntl.ioctl(dst_fd, _FICLONE, src_fd)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.EBADF):
+            return False
+        raise
+    return True
+
+
+class LocalBlobStore:
+    """Blobs as read-only files ``<root>/<2 hex>/<62 hex>`` on a local filesystem.
+
+    A blob is written to ``<root>/tmp/`` and renamed into place, so a crash
+    leaves at worst an orphan temp file (removed by :meth:`sweep_tmp`), never
+    a partial blob under a real name. ``put`` does not fsync each blob;
+    :meth:`sync` flushes the filesystem once before a manifest commits.
+
+    Args:
+        root: The store directory (created ``0700`` if missing).
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        os.makedirs(os.path.join(root, "tmp"), mode=0o700, exist_ok=True)
+
+    def _path(self, digest: str) -> str:
+        if not BLOB_NAME.fullmatch(digest):
+            raise BlobError(digest if digest.isalnum() else "?", "missing")
+        return os.path.join(self.root, digest[:2], digest[2:])
+
+    def has(self, digest: str) -> bool:
+        """Whether a blob of that name is stored."""
+        try:
+            return os.path.isfile(self._path(digest))
+        except BlobError:
+            return False
+
+    def _commit(self, tmp: str, digest: str) -> None:
+        final = self._path(digest)
+        try:
+            os.rename(tmp, final)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
+            os.rename(tmp, final)
+
+    def _tmp(self) -> tuple[str, int]:
+        tmp = os.path.join(self.root, "tmp", secrets.token_hex(12))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o400)
+        return tmp, fd
+
+    def put(self, digest: str, data: bytes) -> int:
+        """Store ``data`` under ``digest`` unless present; return the bytes newly stored."""
+        if self.has(digest):
+            return 0
+        tmp, fd = self._tmp()
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.close(fd)
+        self._commit(tmp, digest)
+        return len(data)
+
+    def put_fd(self, src_fd: int) -> tuple[str, int, int]:
+        """Stream the rest of ``src_fd`` into the store, hashing as it goes."""
+        tmp, fd = self._tmp()
+        hasher = hashlib.sha256()
+        size = 0
+        try:
+            while chunk := os.read(src_fd, _CHUNK):
+                hasher.update(chunk)
+                size += len(chunk)
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.close(fd)
+        digest = hasher.hexdigest()
+        if self.has(digest):
+            os.unlink(tmp)
+            return digest, size, 0
+        self._commit(tmp, digest)
+        return digest, size, size
+
+    def _open(self, digest: str) -> int:
+        try:
+            return os.open(self._path(digest), _READ)
+        except FileNotFoundError:
+            raise BlobError(digest, "missing") from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise BlobError(digest, "corrupt") from None
+            raise
+
+    def copy_verified(self, digest: str, dst_fd: int) -> int:
+        """Copy (or reflink) the blob into ``dst_fd``, verifying every byte."""
+        src = self._open(digest)
+        try:
+            hasher = hashlib.sha256()
+            size = 0
+            cloned = clone_or_copy(src, dst_fd)
+            while chunk := os.read(src, _CHUNK):
+                hasher.update(chunk)
+                size += len(chunk)
+                if not cloned:
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(dst_fd, view) :]
+        finally:
+            os.close(src)
+        if hasher.hexdigest() != digest:
+            raise BlobError(digest, "corrupt")
+        return size
+
+    def read_verified(self, digest: str, max_bytes: int) -> bytes:
+        """The blob's verified content."""
+        fd = self._open(digest)
+        try:
+            data = os.read(fd, max_bytes + 1)
+            chunks = [data]
+            while data and sum(map(len, chunks)) <= max_bytes:
+                data = os.read(fd, _CHUNK)
+                chunks.append(data)
+        finally:
+            os.close(fd)
+        whole = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if len(whole) > max_bytes or hashlib.sha256(whole).hexdigest() != digest:
+            raise BlobError(digest, "corrupt")
+        return whole
+
+    def delete(self, digest: str) -> None:
+        """Remove a blob; a missing one is fine."""
+        with contextlib.suppress(FileNotFoundError, BlobError):
+            os.unlink(self._path(digest))
+
+    def names(self) -> Iterator[str]:
+        """Every stored blob name."""
+        try:
+            prefixes = os.listdir(self.root)
+        except FileNotFoundError:
+            return
+        for prefix in prefixes:
+            if len(prefix) != 2:
+                continue
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                for rest in os.listdir(os.path.join(self.root, prefix)):
+                    if BLOB_NAME.fullmatch(prefix + rest):
+                        yield prefix + rest
+
+    def sweep_tmp(self) -> None:
+        """Remove temp files of writes that crashed (call with the store locked exclusively)."""
+        tmpdir = os.path.join(self.root, "tmp")
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(tmpdir):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(tmpdir, name))
+
+    def sync(self) -> None:
+        """Flush the store's filesystem."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            syncfs(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,389 @@
+"""Manifests: what one version of a workspace holds, entry by entry.
+
+A manifest is a tree stored as a flat table: entry 0 is the root directory
+and every other entry names its parent by index (parents come first), so
+its size grows with the number of entries, never with their depth -- a
+10,000-level tree costs 10,000 short records, not 10,000 long paths. Each
+entry holds its type (``f`` file, ``d`` directory, ``l`` symlink), its
+permission bits, its size, and its data: the content hash of a file (a
+blob name) or the target of a symlink, stored as data and never followed.
+Each entry also keeps the ``(dev, ino, size, mtime_ns, ctime_ns)`` key the
+file had when it was hashed, so the next snapshot of the same workspace can
+recognise it unchanged without reading it (restic's and git's index rule).
+
+On disk it is one UTF-8 (``surrogateescape``) string of NUL-separated
+fields: names and symlink targets cannot contain NUL, so no escaping is
+needed and parsing is one ``split``. The file sits in the workspace's state
+area (which the workspace's user may be able to write), so :func:`decode`
+treats it as hostile: every field is checked, caps apply, and the
+manifest's SHA-256, recorded in the version's metadata, is verified first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat as stat_mod
+from collections.abc import Iterator
+from typing import Final, Literal
+
+import attrs
+
+from corral import FileEntry, FileStat, FileType, OperationError, VersionChange
+
+__all__ = [
+    "MAGIC",
+    "Builder",
+    "Manifest",
+    "ManifestError",
+    "decode",
+    "diff",
+]
+
+MAGIC: Final = "corral-manifest-1"
+_FIELDS: Final = 7
+_KINDS: Final[dict[str, FileType]] = {"f": "file", "d": "dir", "l": "symlink"}
+Kind = Literal["f", "d", "l"]
+
+
+class ManifestError(Exception):
+    """A stored manifest is damaged, unsafe or over a cap (the message is fixed text)."""
+
+
+@attrs.define
+class Manifest:
+    """One version's entries as parallel columns (see the module docstring).
+
+    Attributes:
+        parent: Index of each entry's parent (``-1`` for the root).
+        name: Each entry's name in its parent (``""`` for the root).
+        kind: ``f``, ``d`` or ``l``.
+        mode: Permission bits (``& 0o777``; never setuid, setgid or sticky).
+        size: File size, or the symlink target's length; 0 for directories.
+        data: Content hash of a file, target of a symlink, ``""`` for a directory.
+        key: ``dev:ino:size:mtime_ns:ctime_ns`` when the entry was hashed, or
+            ``""`` when it must not be trusted to recognise the file later.
+    """
+
+    parent: list[int] = attrs.field(factory=list)
+    name: list[str] = attrs.field(factory=list)
+    kind: list[str] = attrs.field(factory=list)
+    mode: list[int] = attrs.field(factory=list)
+    size: list[int] = attrs.field(factory=list)
+    data: list[str] = attrs.field(factory=list)
+    key: list[str] = attrs.field(factory=list)
+    _kids: list[dict[str, int] | None] | None = attrs.field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.parent)
+
+    @property
+    def file_bytes(self) -> int:
+        """Total size of the files' contents."""
+        return sum(s for s, k in zip(self.size, self.kind, strict=True) if k == "f")
+
+    def children(self, idx: int) -> dict[str, int]:
+        """Name -> index of a directory's entries (built for all directories at once)."""
+        if self._kids is None:
+            kids: list[dict[str, int] | None] = [None] * len(self.parent)
+            for i, k in enumerate(self.kind):
+                if k == "d":
+                    kids[i] = {}
+            for i in range(1, len(self.parent)):
+                group = kids[self.parent[i]]
+                assert group is not None
+                group[self.name[i]] = i
+            self._kids = kids
+        group = self._kids[idx]
+        return {} if group is None else group
+
+    def lookup(self, parts: tuple[str, ...] | list[str]) -> int | None:
+        """Index of the entry at an agent path's components, or None (symlinks not followed)."""
+        idx = 0
+        for part in parts:
+            if self.kind[idx] != "d":
+                return None
+            nxt = self.children(idx).get(part)
+            if nxt is None:
+                return None
+            idx = nxt
+        return idx
+
+    def path(self, idx: int) -> str:
+        """The agent-view path of an entry."""
+        names: list[str] = []
+        while idx > 0:
+            names.append(self.name[idx])
+            idx = self.parent[idx]
+        return "/" + "/".join(reversed(names))
+
+    def type_of(self, idx: int) -> FileType:
+        """corral's file type of an entry."""
+        return _KINDS[self.kind[idx]]
+
+    def stat(self, idx: int, path: str, mtime: float) -> FileStat:
+        """A :class:`FileStat` of an entry (``mtime`` is the version's time)."""
+        kind = self.type_of(idx)
+        return FileStat(
+            path=path,
+            type=kind,
+            size=self.size[idx] if kind == "file" else 0,
+            mtime=mtime,
+            mode=self.mode[idx],
+        )
+
+    def entries(self, idx: int, path: str) -> list[FileEntry]:
+        """The listing of a directory entry, sorted by name."""
+        base = path.rstrip("/")
+        out = []
+        for name, child in sorted(self.children(idx).items()):
+            kind = self.type_of(child)
+            out.append(
+                FileEntry(
+                    name=name,
+                    path=f"{base}/{name}",
+                    type=kind,
+                    size=self.size[child] if kind == "file" else 0,
+                )
+            )
+        return out
+
+    def walk_files(self, idx: int) -> Iterator[tuple[int, str]]:
+        """``(index, path relative to idx)`` of every file under a directory, sorted."""
+        stack: list[tuple[int, str]] = [(idx, "")]
+        found: list[tuple[str, int]] = []
+        while stack:
+            cur, rel = stack.pop()
+            for name, child in self.children(cur).items():
+                sub = f"{rel}/{name}" if rel else name
+                if self.kind[child] == "d":
+                    stack.append((child, sub))
+                elif self.kind[child] == "f":
+                    found.append((sub, child))
+        for sub, child in sorted(found):
+            yield child, sub
+
+    def hashes(self) -> set[str]:
+        """Every blob this manifest refers to."""
+        return {d for d, k in zip(self.data, self.kind, strict=True) if k == "f"}
+
+    def encode(self) -> bytes:
+        """The on-disk form."""
+        fields: list[str] = [MAGIC]
+        for row in zip(
+            self.parent,
+            self.name,
+            self.kind,
+            self.mode,
+            self.size,
+            self.data,
+            self.key,
+            strict=True,
+        ):
+            fields.extend(map(str, row))
+        return "\0".join(fields).encode("utf-8", "surrogateescape")
+
+    def digest(self, encoded: bytes) -> str:
+        """SHA-256 of an encoded manifest (recorded in the version's metadata)."""
+        return hashlib.sha256(encoded).hexdigest()
+
+
+class Builder:
+    """Appends entries in walk order (parents before children)."""
+
+    def __init__(self, root_mode: int) -> None:
+        self.m = Manifest()
+        self.add(-1, "", "d", root_mode, 0, "", "")
+
+    def add(  # noqa: PLR0917 -- one positional slot per manifest column
+        self, parent: int, name: str, kind: str, mode: int, size: int, data: str, key: str
+    ) -> int:
+        """Append one entry; return its index."""
+        m = self.m
+        m.parent.append(parent)
+        m.name.append(name)
+        m.kind.append(kind)
+        m.mode.append(mode & 0o777)
+        m.size.append(size)
+        m.data.append(data)
+        m.key.append(key)
+        return len(m.parent) - 1
+
+
+def _bad(why: str) -> ManifestError:
+    return ManifestError(f"the version's manifest is damaged or unsafe ({why})")
+
+
+def decode(  # noqa: PLR0915 -- one validating pass reads best whole
+    raw: bytes, *, max_entries: int, max_bytes: int
+) -> Manifest:
+    """Parse and validate a stored manifest.
+
+    Raises:
+        ManifestError: Damaged, unsafe (names that escape, setuid bits, a
+            parent after its child, duplicates) or over a cap (a restore
+            bomb): refused before anything is written.
+    """
+    try:
+        text = raw.decode("utf-8", "surrogateescape")
+    except UnicodeDecodeError:
+        raise _bad("encoding") from None
+    fields = text.split("\0")
+    if fields[0] != MAGIC or (len(fields) - 1) % _FIELDS:
+        raise _bad("format")
+    count = (len(fields) - 1) // _FIELDS
+    if count < 1:
+        raise _bad("no root")
+    if count > max_entries:
+        raise ManifestError(f"the version holds more than {max_entries} entries; refused")
+    m = Manifest()
+    try:
+        m.parent = [int(x) for x in fields[1::_FIELDS]]
+        m.mode = [int(x) for x in fields[4::_FIELDS]]
+        m.size = [int(x) for x in fields[5::_FIELDS]]
+    except ValueError:
+        raise _bad("number") from None
+    m.name = fields[2::_FIELDS]
+    m.kind = fields[3::_FIELDS]
+    m.data = fields[6::_FIELDS]
+    m.key = fields[7::_FIELDS]
+    if m.parent[0] != -1 or m.name[0] != "" or m.kind[0] != "d":
+        raise _bad("root")
+    total = 0
+    seen: set[tuple[int, str]] = set()
+    for i in range(count):
+        kind, mode, size, data = m.kind[i], m.mode[i], m.size[i], m.data[i]
+        if kind not in _KINDS or not 0 <= mode <= 0o777 or size < 0:
+            raise _bad("entry")
+        if i:
+            parent, name = m.parent[i], m.name[i]
+            if not 0 <= parent < i or m.kind[parent] != "d":
+                raise _bad("parent")
+            if (
+                not name
+                or name in (".", "..")
+                or "/" in name
+                or len(name.encode("utf-8", "surrogateescape")) > 255
+            ):
+                raise _bad("name")
+            if (parent, name) in seen:
+                raise _bad("duplicate")
+            seen.add((parent, name))
+        if kind == "f":
+            if len(data) != 64 or not all(c in "0123456789abcdef" for c in data):
+                raise _bad("hash")
+            total += size
+            if total > max_bytes:
+                raise ManifestError(f"the version holds more than {max_bytes} bytes; refused")
+        elif kind == "l":
+            if not data or len(data) > 4095:
+                raise _bad("link")
+        elif data:
+            raise _bad("dir")
+    return m
+
+
+def _same(a: Manifest, i: int, b: Manifest, j: int) -> bool:
+    return a.kind[i] == b.kind[j] and a.data[i] == b.data[j] and a.mode[i] == b.mode[j]
+
+
+def _size(m: Manifest, i: int) -> int:
+    return m.size[i] if m.kind[i] == "f" else 0
+
+
+def _subtree(m: Manifest, idx: int, path: str) -> Iterator[tuple[int, str]]:
+    stack = [(idx, path)]
+    while stack:
+        cur, where = stack.pop()
+        yield cur, where
+        if m.kind[cur] == "d":
+            for name, child in m.children(cur).items():
+                stack.append((child, f"{where.rstrip('/')}/{name}"))
+
+
+def diff(old: Manifest, new: Manifest) -> list[VersionChange]:
+    """Entries added, removed or modified from ``old`` to ``new``, sorted by path.
+
+    Modified means same path, different type, content, symlink target or
+    mode. An entry whose type changed is one ``modified`` change (typed as
+    it is in ``new``); what lay under a directory on one side only is
+    reported entry by entry. Iterative: no recursion per level.
+    """
+    out: list[VersionChange] = []
+    if old.mode[0] != new.mode[0]:
+        out.append(VersionChange(path="/", change="modified", type="dir", old_size=0, new_size=0))
+    stack: list[tuple[int, int, str]] = [(0, 0, "")]
+    while stack:
+        i, j, base = stack.pop()
+        a, b = old.children(i), new.children(j)
+        for name, ai in a.items():
+            path = f"{base}/{name}"
+            bj = b.get(name)
+            if bj is None:
+                out.extend(
+                    VersionChange(
+                        path=p, change="removed", type=old.type_of(k), old_size=_size(old, k)
+                    )
+                    for k, p in _subtree(old, ai, path)
+                )
+                continue
+            if not _same(old, ai, new, bj):
+                out.append(
+                    VersionChange(
+                        path=path,
+                        change="modified",
+                        type=new.type_of(bj),
+                        old_size=_size(old, ai),
+                        new_size=_size(new, bj),
+                    )
+                )
+            both_dirs = old.kind[ai] == "d" and new.kind[bj] == "d"
+            if both_dirs:
+                stack.append((ai, bj, path))
+            elif old.kind[ai] == "d":
+                out.extend(
+                    VersionChange(
+                        path=p, change="removed", type=old.type_of(k), old_size=_size(old, k)
+                    )
+                    for k, p in _subtree(old, ai, path)
+                    if k != ai
+                )
+            elif new.kind[bj] == "d":
+                out.extend(
+                    VersionChange(
+                        path=p, change="added", type=new.type_of(k), new_size=_size(new, k)
+                    )
+                    for k, p in _subtree(new, bj, path)
+                    if k != bj
+                )
+        for name, bj in b.items():
+            if name not in a:
+                out.extend(
+                    VersionChange(
+                        path=p, change="added", type=new.type_of(k), new_size=_size(new, k)
+                    )
+                    for k, p in _subtree(new, bj, f"{base}/{name}")
+                )
+    out.sort(key=lambda c: c.path)
+    return out
+
+
+def st_key(st: os.stat_result) -> str:
+    """The change-detection key of a stat result."""
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def kind_of(mode: int) -> str | None:
+    """``f``/``d``/``l`` for a file type, None for special files."""
+    if stat_mod.S_ISREG(mode):
+        return "f"
+    if stat_mod.S_ISDIR(mode):
+        return "d"
+    if stat_mod.S_ISLNK(mode):
+        return "l"
+    return None
+
+
+def operation_error(exc: ManifestError) -> OperationError:
+    """The tool-facing error for a manifest that cannot be used."""
+    return OperationError(str(exc), code="too_large" if "refused" in str(exc) else "failed")

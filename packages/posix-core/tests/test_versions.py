@@ -1,0 +1,304 @@
+"""The version store: incremental snapshots, restore by difference, integrity, crashes, GC."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corral import OperationError, WorkspaceRef
+from corral_posix import TmpdirLayout, TmpdirSnapshotter, _versions, remove_tree
+from corral_posix._tarball import write_tree
+
+from .test_snapshots import capture
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> Iterator[TmpdirLayout]:
+    yield TmpdirLayout("vertest", tmp_path / "root")
+    # pytest's own tmp_path cleanup recurses once per level: deep trees go first.
+    remove_tree(str(tmp_path / "root"))
+
+
+def make(layout: TmpdirLayout, name: str | None = None) -> tuple[TmpdirSnapshotter, str]:
+    name = name or layout.create_workspace("sess")
+
+    def make_ref(n: str) -> WorkspaceRef:
+        return WorkspaceRef("vertest", {"workspace": n}, {"fs", "snapshot"}, 2)
+
+    return TmpdirSnapshotter(layout, name, make_ref), layout.workspace_path(name)
+
+
+def blobs(layout: TmpdirLayout) -> set[Path]:
+    return set(Path(layout.base_dir, "store").glob("??/*"))
+
+
+def tree(root: str, n: int = 50) -> None:
+    for i in range(n):
+        d = Path(root, f"d{i % 5}")
+        d.mkdir(exist_ok=True)
+        (d / f"f{i}").write_bytes(f"content {i}\n".encode() * 10)
+
+
+@pytest.mark.anyio
+async def test_unchanged_files_are_not_read_again(
+    layout: TmpdirLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap, root = make(layout)
+    tree(root)
+    await snap.snapshot("first")
+    time.sleep(_versions.RACY_NS / 1e9 * 1.5)
+    await snap.snapshot("warm")  # files written just before "first" were not yet trusted
+    reads: list[str] = []
+    real = _versions._hash_file
+
+    def counting(dir_fd: int, name: str, *args: object) -> object:
+        reads.append(name)
+        return real(dir_fd, name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_versions, "_hash_file", counting)
+    stored = blobs(layout)
+    await snap.snapshot("unchanged")
+    assert reads == []
+    assert blobs(layout) == stored
+    Path(root, "d1", "f1").write_text("changed")
+    await snap.snapshot("one change")
+    assert reads == ["f1"]
+    assert len(blobs(layout)) == len(stored) + 1
+
+
+@pytest.mark.anyio
+async def test_restore_touches_only_what_differs(layout: TmpdirLayout) -> None:
+    snap, root = make(layout)
+    tree(root)
+    info = await snap.snapshot()
+    keep = os.stat(os.path.join(root, "d0", "f0")).st_ino
+    Path(root, "d2", "f2").write_text("changed")
+    os.unlink(os.path.join(root, "d3", "f3"))
+    Path(root, "d4", "extra").write_text("extra")
+    before = capture(root)
+    await snap.restore(info.snapshot_id)
+    after = capture(root)
+    assert after != before
+    assert os.stat(os.path.join(root, "d0", "f0")).st_ino == keep  # untouched, not rewritten
+    assert Path(root, "d3", "f3").exists()
+    assert not Path(root, "d4", "extra").exists()
+    changes = await snap.diff(info.snapshot_id)
+    assert list(changes) == []
+
+
+@pytest.mark.anyio
+async def test_a_corrupt_or_missing_blob_is_named_and_never_restored(layout: TmpdirLayout) -> None:
+    snap, root = make(layout)
+    Path(root, "a.txt").write_text("original")
+    info = await snap.snapshot()
+    (blob,) = blobs(layout)
+    blob.chmod(0o600)
+    blob.write_text("tampered")
+    Path(root, "a.txt").write_text("live")
+    with pytest.raises(OperationError) as caught:
+        await snap.read_file_at(info.snapshot_id, "/a.txt")
+    assert info.snapshot_id in str(caught.value)
+    assert "/a.txt" in str(caught.value)
+    assert "corrupt" in str(caught.value)
+    with pytest.raises(OperationError) as caught:
+        await snap.restore(info.snapshot_id)
+    assert "/a.txt" in str(caught.value)
+    assert Path(root, "a.txt").read_text() == "live"
+    assert [p.name for p in Path(root).iterdir()] == ["a.txt"]  # no temp file left
+    blob.unlink()
+    with pytest.raises(OperationError) as caught:
+        await snap.read_file_at(info.snapshot_id, "/a.txt")
+    assert "missing" in str(caught.value)
+
+
+@pytest.mark.anyio
+async def test_a_tampered_manifest_is_refused(layout: TmpdirLayout) -> None:
+    snap, root = make(layout)
+    Path(root, "a.txt").write_text("x")
+    info = await snap.snapshot()
+    path = Path(layout.snapshot_path(os.path.basename(root)), f"{info.snapshot_id}.manifest")
+    path.write_bytes(path.read_bytes().replace(b"a.txt", b"..\0\0\0"))
+    fresh, _ = make(layout, os.path.basename(root))  # another process: nothing cached
+    with pytest.raises(OperationError):
+        await fresh.restore(info.snapshot_id)
+    assert Path(root, "a.txt").read_text() == "x"
+
+
+@pytest.mark.anyio
+async def test_delete_collects_unreferenced_blobs(layout: TmpdirLayout) -> None:
+    snap, root = make(layout)
+    Path(root, "shared").write_text("in both")
+    Path(root, "f").write_text("one")
+    first = await snap.snapshot()
+    Path(root, "f").write_text("two")
+    second = await snap.snapshot()
+    assert len(blobs(layout)) == 3
+    await snap.delete(first.snapshot_id)
+    assert len(blobs(layout)) == 2
+    await snap.restore(second.snapshot_id)
+    await snap.delete(second.snapshot_id)
+    assert blobs(layout) == set()
+
+
+@pytest.mark.anyio
+async def test_restore_never_writes_through_a_planted_symlink(
+    layout: TmpdirLayout, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    snap, root = make(layout)
+    Path(root, "a").mkdir()
+    Path(root, "a", "x").write_text("mine")
+    info = await snap.snapshot()
+    Path(root, "a", "x").unlink()
+    Path(root, "a").rmdir()
+    os.symlink(outside, os.path.join(root, "a"))
+    await snap.restore(info.snapshot_id)
+    assert list(outside.iterdir()) == []
+    assert not os.path.islink(os.path.join(root, "a"))
+    assert Path(root, "a", "x").read_text() == "mine"
+
+
+# Blocking work in a worker thread: the event loop adds nothing, so one backend.
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_ten_thousand_levels(layout: TmpdirLayout) -> None:
+    snap, root = make(layout)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(10_000):
+            os.mkdir("d", dir_fd=fd)
+            nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        os.write(nxt := os.open("leaf", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), b"deep")
+        os.close(nxt)
+    finally:
+        os.close(fd)
+    info = await snap.snapshot()
+    # Agent paths stop at 4096 bytes; the deepest readable file is read by path.
+    shallow = "/".join(["d"] * 2000)
+    assert [e.name for e in await snap.ls_at(info.snapshot_id, shallow)] == ["d"]
+    os.rename(os.path.join(root, "d"), os.path.join(root, "moved"))
+    await snap.restore(info.snapshot_id)
+    assert not os.path.exists(os.path.join(root, "moved"))
+    assert list(await snap.diff(info.snapshot_id)) == []
+    ref = await snap.branch(info.snapshot_id)
+    other, _ = make(layout, ref.payload["workspace"])
+    mine = await other.snapshot()
+    assert list(await other.diff(mine.snapshot_id)) == []
+
+
+@pytest.mark.anyio
+async def test_tarball_snapshots_of_the_previous_schema_still_restore(
+    layout: TmpdirLayout,
+) -> None:
+    snap, root = make(layout)
+    Path(root, "old.txt").write_text("from a tarball")
+    snap_id = "snap-00000000000000ff-deadbeef"
+    area = Path(layout.snapshot_path(os.path.basename(root)))
+    with open(area / f"{snap_id}.tar.gz", "wb") as out:
+        write_tree(root, out)
+    (area / f"{snap_id}.json").write_text(
+        json.dumps({"snapshot_id": snap_id, "created_at": 1.0, "label": "old"})
+    )
+    Path(root, "old.txt").write_text("changed")
+    await snap.restore(snap_id)
+    assert Path(root, "old.txt").read_text() == "from a tarball"
+    assert not (area / f"{snap_id}.tar.gz").exists()  # converted once
+    assert [i.label for i in await snap.list()] == ["old"]
+    assert await snap.read_file_at(snap_id, "/old.txt") == b"from a tarball"
+
+
+_CHILD = textwrap.dedent(
+    """
+    import sys, anyio
+    from corral import WorkspaceRef
+    from corral_posix import TmpdirLayout, TmpdirSnapshotter, remove_tree
+    base, name, op, arg = sys.argv[1:]
+    layout = TmpdirLayout("vertest", base)
+    snap = TmpdirSnapshotter(layout, name, lambda n: WorkspaceRef("vertest", {}, set(), 2))
+    async def main():
+        if op == "restore":
+            await snap.restore(arg)
+        else:
+            await snap.snapshot(arg)
+        print("done", flush=True)
+    anyio.run(main)
+    """
+)
+
+
+def _kill_midway(layout: TmpdirLayout, name: str, op: str, arg: str, delay: float) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(Path(layout.base_dir).parent), name, op, arg],
+        stdout=subprocess.DEVNULL,
+    )
+    time.sleep(delay)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+
+
+# Blocking work in a worker thread: the event loop adds nothing, so one backend.
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_a_killed_restore_is_finished_on_recover(layout: TmpdirLayout) -> None:
+    rng = random.Random(16)
+    snap, root = make(layout)
+    tree(root, 400)
+    want = capture(root)
+    info = await snap.snapshot("target")
+    name = os.path.basename(root)
+    for _ in range(4):
+        for i in range(0, 400, 3):
+            Path(root, f"d{i % 5}", f"f{i}").write_text(f"scribble {rng.random()}")
+        Path(root, "d1", "extra").write_text("x")
+        _kill_midway(layout, name, "restore", info.snapshot_id, rng.uniform(0.0, 0.6))
+        fresh, _ = make(layout, name)
+        await fresh.recover()
+        got = capture(root)
+        if Path(layout.state_path(name), "restore.journal").exists():
+            pytest.fail("recover left the journal behind")
+        # Either the restore had not started (nothing to finish) or it is now complete.
+        if got != want:
+            assert "extra" in {Path(p).name for p in got}, "a half-restored tree was left"
+        await fresh.restore(info.snapshot_id)
+        assert capture(root) == want
+
+
+# Blocking work in a worker thread: the event loop adds nothing, so one backend.
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_a_killed_snapshot_leaves_the_previous_versions_intact(
+    layout: TmpdirLayout,
+) -> None:
+    rng = random.Random(61)
+    snap, root = make(layout)
+    tree(root, 400)
+    first = await snap.snapshot("first")
+    want = {p: await snap.read_file_at(first.snapshot_id, p) for p in ["/d0/f0", "/d4/f399"]}
+    name = os.path.basename(root)
+    for round_ in range(4):
+        for i in range(round_, 400, 2):
+            Path(root, f"d{i % 5}", f"f{i}").write_text(f"new {rng.random()}")
+        _kill_midway(layout, name, "snapshot", f"r{round_}", rng.uniform(0.0, 0.6))
+        fresh, _ = make(layout, name)
+        listed = await fresh.list()
+        assert listed[0].snapshot_id == first.snapshot_id
+        for info in listed:
+            await fresh.diff(info.snapshot_id)  # every listed version is whole and readable
+        for path, data in want.items():
+            assert await fresh.read_file_at(first.snapshot_id, path) == data
+    fresh.collect_garbage()
+    await fresh.restore(first.snapshot_id)
+    assert await fresh.read_file_at(first.snapshot_id, "/d0/f0") == want["/d0/f0"]
