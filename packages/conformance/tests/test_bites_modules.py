@@ -73,6 +73,7 @@ FS_RULES = (
     "fs_grep_boundaries",
     "fs_deep_wide_and_empty",
     "fs_glob_patterns",
+    "fs_stat_fields",
 )
 SHELL_RULES = (
     "shell_exit_codes",
@@ -303,7 +304,34 @@ class _PrunesEmptyParents(_FileSystem):
             parent = posixpath.dirname(parent)
 
 
+class _MtimeInMilliseconds(_FileSystem):
+    """``stat`` reports ``mtime`` in milliseconds (a JavaScript habit)."""
+
+    async def stat(self, path: str) -> FileStat:
+        got = await super().stat(path)
+        return attrs.evolve(got, mtime=got.mtime * 1000)
+
+
+class _ModeWithTypeBits(_FileSystem):
+    """``stat`` passes ``st_mode`` through whole, file-type bits included."""
+
+    async def stat(self, path: str) -> FileStat:
+        got = await super().stat(path)
+        return attrs.evolve(got, mode=got.mode | (0o100000 if got.type == "file" else 0o40000))
+
+
+class _DirectorySize4096(_FileSystem):
+    """``stat`` of a directory reports the host's block size, not 0."""
+
+    async def stat(self, path: str) -> FileStat:
+        got = await super().stat(path)
+        return attrs.evolve(got, size=4096) if got.type == "dir" else got
+
+
 _FS_CASES: list[tuple[type[_FileSystem], tuple[str, ...]]] = [
+    (_MtimeInMilliseconds, ("fs_stat_fields",)),
+    (_ModeWithTypeBits, ("fs_stat_fields",)),
+    (_DirectorySize4096, ("fs_stat_fields",)),
     (_TrailingSlashIsDir, ("fs_path_spellings",)),
     (_ClampsDotDot, ("fs_basic_semantics", "fs_path_spellings")),
     (_NormalisesNames, ("fs_legal_names",)),
@@ -321,6 +349,7 @@ _FS_CASES: list[tuple[type[_FileSystem], tuple[str, ...]]] = [
             "fs_deep_wide_and_empty",
             "fs_legal_names",
             "fs_path_spellings",
+            "fs_stat_fields",
         ),
     ),
     (_GlobStarStarNeedsOne, ("fs_glob_patterns",)),

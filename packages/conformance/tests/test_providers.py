@@ -7,6 +7,7 @@ import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +28,10 @@ class ReferenceFixtures(QuickFixtures):
     def provider(self) -> WorkspaceProvider:
         return ReferenceProvider()
 
+    @pytest.fixture
+    def provider_factory(self) -> Callable[[], WorkspaceProvider]:
+        return ReferenceProvider
+
 
 class TestReferenceProvider(AbstractProviderTests, ReferenceFixtures):
     pass
@@ -38,8 +43,27 @@ class InMemoryFixtures(QuickFixtures):
         memory = pytest.importorskip("corral_memory", reason="corral-memory is not installed")
         return memory.InMemoryProvider()  # type: ignore[no-any-return]
 
+    @pytest.fixture
+    def provider_factory(self, provider: WorkspaceProvider) -> Callable[[], WorkspaceProvider]:
+        return type(provider)
+
+    @pytest.fixture
+    def provider_entry_point(self) -> tuple[str, dict[str, Any]]:
+        return ("in-memory", {})
+
 
 class TestInMemoryProvider(AbstractProviderTests, InMemoryFixtures):
+    pass
+
+
+class IsolateFixtures(QuickFixtures):
+    @pytest.fixture
+    def provider(self) -> WorkspaceProvider:
+        isolate = pytest.importorskip("corral_isolate", reason="corral-isolate is not installed")
+        return isolate.IsolateProvider()  # type: ignore[no-any-return]
+
+
+class TestIsolateProvider(AbstractProviderTests, IsolateFixtures):
     pass
 
 
@@ -50,6 +74,25 @@ class LocalBashFixtures(QuickFixtures):
             "corral_local_bash", reason="corral-local-bash is not installed"
         )
         return local_bash.LocalBashProvider(tmpdir_root=str(tmp_path))  # type: ignore[no-any-return]
+
+    @pytest.fixture
+    def provider_options_for_factory(self, tmp_path: Path) -> dict[str, Any]:
+        """The keyword options every instance of this class's provider is built with."""
+        return {"tmpdir_root": str(tmp_path)}
+
+    @pytest.fixture
+    def provider_factory(
+        self, provider: WorkspaceProvider, provider_options_for_factory: dict[str, Any]
+    ) -> Callable[[], WorkspaceProvider]:
+        # A fresh instance with the same options, as a restarted process would build.
+        cls = type(provider)
+        return lambda: cls(**provider_options_for_factory)
+
+    @pytest.fixture
+    def provider_entry_point(
+        self, provider: WorkspaceProvider, provider_options_for_factory: dict[str, Any]
+    ) -> tuple[str, dict[str, Any]]:
+        return (provider.provider_id, provider_options_for_factory)
 
     @pytest.fixture
     def workspace_host_dir(self) -> Callable[[Workspace], Path | None]:
@@ -113,6 +156,10 @@ class DockerFixtures(LocalBashFixtures):
         from corral_docker import DockerProvider
 
         return DockerProvider(tmpdir_root=str(tmp_path), image=DOCKER_IMAGE, pull=False)
+
+    @pytest.fixture
+    def provider_options_for_factory(self, tmp_path: Path) -> dict[str, Any]:
+        return {"tmpdir_root": str(tmp_path), "image": DOCKER_IMAGE, "pull": False}
 
 
 @pytest.mark.docker

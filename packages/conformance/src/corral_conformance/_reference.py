@@ -1,4 +1,4 @@
-"""A small correct provider (fs + snapshot) over the reference model.
+"""A small correct provider (fs + snapshot, with :class:`corral.Versions`) over the reference model.
 
 It is the yardstick the suite is tested against, and the shortest example of
 a provider that passes: per-session state lives in the workspace's
@@ -27,6 +27,7 @@ from corral import (
     ProviderConfig,
     SessionRef,
     SnapshotInfo,
+    VersionChange,
     WorkspaceFailedError,
     WorkspaceRef,
 )
@@ -49,9 +50,13 @@ class _State:
     model: FsModel = attrs.field(factory=FsModel)
     snapshots: dict[str, tuple[SnapshotInfo, FsModel]] = attrs.field(factory=dict)
     closed: bool = False
+    # FileStat.mtime per written path (the model keeps content only); others: creation time.
+    mtimes: dict[str, float] = attrs.field(factory=dict)
+    born: float = attrs.field(factory=time.time)
 
     def check(self) -> FsModel:
-        corral.ensure_open(self.closed)
+        if self.closed:
+            raise corral.workspace_closed()
         return self.model
 
 
@@ -74,14 +79,17 @@ class _FileSystem:
             self._state.check().write_file(path, data)
         except ModelError as exc:
             raise _plain(exc) from None
+        self._state.mtimes[corral.normalize_path(path)] = time.time()
 
     async def edit_file(
         self, path: str, old_text: str, new_text: str, *, replace_all: bool = False
     ) -> int:
         try:
-            return self._state.check().edit_file(path, old_text, new_text, replace_all=replace_all)
+            count = self._state.check().edit_file(path, old_text, new_text, replace_all=replace_all)
         except ModelError as exc:
             raise _plain(exc) from None
+        self._state.mtimes[corral.normalize_path(path)] = time.time()
+        return count
 
     async def ls(self, path: str = "/") -> Sequence[FileEntry]:
         try:
@@ -103,9 +111,13 @@ class _FileSystem:
 
     async def stat(self, path: str) -> FileStat:
         try:
-            return self._state.check().stat(path)
+            got = self._state.check().stat(path)
         except ModelError as exc:
             raise _plain(exc) from None
+        mode = 0o644 if got.type == "file" else 0o755
+        return attrs.evolve(
+            got, mtime=self._state.mtimes.get(got.path, self._state.born), mode=mode
+        )
 
     async def mkdir(self, path: str, *, parents: bool = False) -> None:
         try:
@@ -153,6 +165,56 @@ class _Snapshotter:
     async def branch(self, snapshot_id: str) -> WorkspaceRef:
         seed = self._get(snapshot_id).copy()
         return self._provider.ref_of(self._provider.new_state(seed))
+
+    # -- corral.Versions: a version is a frozen model, read without restoring it
+
+    async def read_file_at(
+        self, snapshot_id: str, path: str, *, max_bytes: int | None = None
+    ) -> bytes:
+        try:
+            return self._get(snapshot_id).read_file(path, max_bytes=max_bytes)
+        except ModelError as exc:
+            raise _plain(exc) from None
+
+    async def ls_at(self, snapshot_id: str, path: str = "/") -> Sequence[FileEntry]:
+        try:
+            return self._get(snapshot_id).ls(path)
+        except ModelError as exc:
+            raise _plain(exc) from None
+
+    async def stat_at(self, snapshot_id: str, path: str) -> FileStat:
+        try:
+            got = self._get(snapshot_id).stat(path)
+        except ModelError as exc:
+            raise _plain(exc) from None
+        created = self._state.snapshots[snapshot_id][0].created_at
+        return attrs.evolve(got, mtime=created, mode=0o644 if got.type == "file" else 0o755)
+
+    async def grep_at(self, snapshot_id: str, matcher: Matcher, options: GrepOptions) -> GrepResult:
+        try:
+            return self._get(snapshot_id).grep(matcher, options)
+        except ModelError as exc:
+            raise _plain(exc) from None
+
+    async def diff(self, a: str, b: str | None = None) -> Sequence[VersionChange]:
+        old = self._get(a).dump()
+        new = (self._state.check() if b is None else self._get(b)).dump()
+        out = []
+        for path in sorted(old.keys() | new.keys()):
+            was, now = old.get(path, b""), new.get(path, b"")
+            size_was = 0 if was is None else len(was)
+            size_now = 0 if now is None else len(now)
+            if path not in new:
+                out.append(VersionChange(path, "removed", _type(was), size_was, None))
+            elif path not in old:
+                out.append(VersionChange(path, "added", _type(now), None, size_now))
+            elif was != now:  # content, or a file and a directory (None) swapped
+                out.append(VersionChange(path, "modified", _type(now), size_was, size_now))
+        return out
+
+
+def _type(node: bytes | None) -> corral.FileType:
+    return "dir" if node is None else "file"
 
 
 _STATES: dict[str, _State] = {}

@@ -24,7 +24,7 @@ __all__ = ["AREAS", "MARKER", "RULES", "Rule", "define", "rule", "rules_of"]
 MARKER: Final = "corral_rule"
 """The pytest marker :func:`rule` attaches; its args are the rule ids."""
 
-AREAS: Final = ("refs", "sessions", "lifecycle", "errors", "fs", "shell", "snapshot")
+AREAS: Final = ("refs", "sessions", "lifecycle", "errors", "fs", "shell", "snapshot", "script")
 """The first component every rule id must have."""
 
 _ID = re.compile(r"^[a-z]+(\.[a-z0-9_]+)+$")

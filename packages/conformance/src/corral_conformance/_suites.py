@@ -1,22 +1,29 @@
-"""The abstract test classes, one per capability, and their union."""
+"""The abstract test classes, one per capability, and their union.
+
+They hold the tests; ``_shipped_suite`` binds them to the provider under test.
+"""
 
 from __future__ import annotations
 
 from ._tests_fs import AbstractFsTests
 from ._tests_lifecycle import AbstractLifecycleTests
 from ._tests_refs import AbstractRefTests
+from ._tests_script import AbstractScriptTests
 from ._tests_sessions import AbstractSessionTests
 from ._tests_shell import AbstractShellTests
 from ._tests_snapshot import AbstractSnapshotTests
+from ._tests_versions import AbstractVersionsTests
 
 __all__ = [
     "AbstractFsTests",
     "AbstractLifecycleTests",
     "AbstractProviderTests",
     "AbstractRefTests",
+    "AbstractScriptTests",
     "AbstractSessionTests",
     "AbstractShellTests",
     "AbstractSnapshotTests",
+    "AbstractVersionsTests",
 ]
 
 
@@ -24,6 +31,8 @@ __all__ = [
 # and ref rules before the per-capability ones.
 class AbstractProviderTests(
     AbstractLifecycleTests,
+    AbstractScriptTests,
+    AbstractVersionsTests,
     AbstractSnapshotTests,
     AbstractShellTests,
     AbstractFsTests,

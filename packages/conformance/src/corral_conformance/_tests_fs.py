@@ -6,11 +6,13 @@ import functools
 import os
 import secrets
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import attrs
 import pytest
 from hypothesis import given
@@ -120,6 +122,14 @@ STAT = define(
     _P,
     "stat describes a path: its normalised agent path, type, and (for a file) size; a leaf "
     "symlink is reported as symlink and not followed.",
+)
+STAT_FIELDS = define(
+    "fs.stat.fields",
+    "FileStat (corral._data)",
+    "size is a file's content length and 0 for a directory; mtime is the last content change "
+    "in seconds since the Unix epoch (never milliseconds) and moves forward when the file is "
+    "rewritten; mode holds the permission bits only; ls entries report the same size and type "
+    "as stat.",
 )
 MKDIR = define(
     "fs.mkdir.semantics",
@@ -614,6 +624,41 @@ class AbstractFsTests:
                     f"stat({path!r}) gave {got!r}; a leaf symlink is reported as symlink"
                 )
             assert (await h.call(fs.stat, "/target.txt")).size == 10
+
+    @rule(STAT_FIELDS)
+    @pytest.mark.anyio
+    async def test_fs_stat_fields(self, conformance: Harness) -> None:
+        """Sizes, times and modes mean what FileStat says, for files and directories."""
+        h = conformance
+        h.require("fs")
+        async with h.session("fs") as opened:
+            fs = opened.workspace.fs
+            assert fs is not None
+            before = time.time()
+            await h.call(fs.write_file, "/d/f.bin", b"x" * 1234)
+            after = time.time()
+            got = await h.call(fs.stat, "/d/f.bin")
+            assert (got.path, got.type, got.size) == ("/d/f.bin", "file", 1234), repr(got)
+            # A coarse clock or a slow host is fine; milliseconds or 0 are not.
+            assert before - 5 <= got.mtime <= after + 5, (
+                f"mtime {got.mtime!r} is not seconds since the epoch near {before:.0f}"
+            )
+            assert got.mode & ~0o7777 == 0, f"mode {oct(got.mode)} holds more than permission bits"
+            assert got.mode != 0, "a file's mode has no permission bits at all"
+            folder = await h.call(fs.stat, "/d")
+            assert (folder.type, folder.size) == ("dir", 0), repr(folder)
+            assert folder.mode & ~0o7777 == 0, f"directory mode {oct(folder.mode)}"
+            entries = {e.name: e for e in await h.call(fs.ls, "/d")}
+            assert (entries["f.bin"].type, entries["f.bin"].size) == ("file", 1234), entries
+            root_entries = {e.name: e for e in await h.call(fs.ls, "/")}
+            assert (root_entries["d"].type, root_entries["d"].size) == ("dir", 0), root_entries
+            await anyio.sleep(0.05)
+            await h.call(fs.write_file, "/d/f.bin", b"y")
+            again = await h.call(fs.stat, "/d/f.bin")
+            assert again.size == 1, repr(again)
+            assert again.mtime >= got.mtime, (
+                f"rewriting the file moved mtime from {got.mtime!r} to {again.mtime!r}"
+            )
 
     @rule(GLOB)
     @pytest.mark.anyio
