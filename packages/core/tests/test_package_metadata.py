@@ -22,6 +22,8 @@ IMPORT_TO_DIST = {
     "corral": "corral-core",
     "corral_posix": "corral-posix-core",
     "re2": "google-re2",
+    "pydantic_ai": "pydantic-ai-slim",
+    "agents": "openai-agents",
 }
 """Import names whose distribution is named differently."""
 

@@ -252,20 +252,23 @@ async def test_session_control_is_refused_unless_the_capability_asks(
     assert "controls_session=True" in caplog.text
 
 
-async def test_session_control_emits_only_lifecycle_hooks() -> None:
+async def test_session_control_emits_typed_capability_events() -> None:
     async def emit(env: ToolEnv[GitPolicy, Git], args: NoArgs) -> str:
-        env.session.emit("on_snapshot", status="git", detail={"k": "v"})
-        env.session.emit("close")
+        env.session.emit("commit", status="git", detail={"k": "v"})
+        env.session.emit("Not An Identifier")
         return "unreachable"
 
-    hooks = corral.testing.RecordingHooks()
+    seen = corral.testing.RecordingObserver()
     plugins = _plugin(ToolSpec("workspace_emit", "x", NoArgs, emit), controls_session=True)
     async with corral.open_workspace(
-        "git-host", {"git": True}, plugins=plugins, hooks=[hooks]
+        "git-host", {"git": True}, plugins=plugins, observers=[seen]
     ) as ws:
         result = await ws.call("workspace_emit", {})
     assert result.error_code == "internal"
-    assert [e.status for e in hooks.events if e.hook == "on_snapshot"] == ["git"]
+    (event,) = seen.of_type(corral.CapabilityEvent)
+    assert (event.capability, event.name, event.status) == ("git", "commit", "git")
+    assert event.detail == {"k": "v"}
+    assert event.session_id == ws.registry.session_id
 
 
 async def test_renderer_belongs_to_the_tool_not_the_toolset() -> None:

@@ -97,6 +97,50 @@ class StubAnthropic:
         return SimpleNamespace(content=[text], stop_reason="end_turn")
 
 
+class StubResponses:
+    """The Responses API: run a command, then answer with its output."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+        self.responses = SimpleNamespace(create=self.create)
+
+    async def create(
+        self, *, model: str, input: Any, tools: list[Any], previous_response_id: str | None = None
+    ) -> Any:
+        assert all(t["type"] == "function" and t["strict"] is True for t in tools)
+        run = next(t for t in tools if t["name"] == "workspace_run")
+        assert run["parameters"]["properties"]["env"]["anyOf"][0]["type"] == "array"
+        self.turn += 1
+        if self.turn == 1:
+            call = Dumpable(
+                type="function_call",
+                call_id="fc-1",
+                name="workspace_run",
+                # What a strict-mode model sends: every argument, null for defaults.
+                arguments=json.dumps(
+                    {
+                        "command": "printenv GREETING",
+                        "cwd": None,
+                        "timeout_s": None,
+                        "env": [{"name": "GREETING", "value": "hello"}],
+                        "stdin": None,
+                    }
+                ),
+            )
+            return SimpleNamespace(id="r1", output=[call], output_text="")
+        assert previous_response_id == "r1"
+        (item,) = input
+        assert item["type"] == "function_call_output"
+        assert item["call_id"] == "fc-1"
+        stdout = json.loads(item["output"])["stdout"].strip()
+        return SimpleNamespace(id="r2", output=[], output_text=f"it said {stdout}")
+
+
+async def test_responses_loop_from_the_readme() -> None:
+    agent = loop_block("# OpenAI Responses")["responses_agent"]
+    assert await agent(StubResponses(), "stub", "greet") == "it said hello"
+
+
 async def test_openai_loop_from_the_readme() -> None:
     agent = loop_block("# OpenAI Chat Completions")["openai_agent"]
     client = StubOpenAI()

@@ -1,4 +1,4 @@
-"""WorkspaceRegistry: lifecycle, contract checks, retries, hooks and metrics."""
+"""WorkspaceRegistry: lifecycle, contract checks, retries, and its event stream."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 import corral
 from corral import SessionRef, WorkspaceFailedError, WorkspaceRegistry
-from corral.testing import RecordingHooks
+from corral.testing import RecordingObserver
 
 pytestmark = pytest.mark.anyio
 
@@ -221,14 +221,81 @@ async def test_swap_ref_refuses_foreign_ref(provider: Any, make_config: Any) -> 
 
 
 async def test_mark_evicted_then_get_resolves(provider: Any, make_config: Any) -> None:
-    hooks = RecordingHooks()
-    reg = registry(provider, make_config(), hooks=[hooks])
+    seen = RecordingObserver()
+    reg = registry(provider, make_config(), observers=[seen])
     ws = await reg.get()
     reg.mark_evicted()
     assert reg.state == "evicted"
     assert (await reg.get()).id == ws.id
     assert provider.resolves == 1
-    assert hooks.names() == ["on_open", "on_evicted", "on_open"]
+    lifecycle = [n for n in seen.names() if n != "StateChanged"]
+    assert lifecycle == ["WorkspaceOpened", "WorkspaceEvicted", "WorkspaceOpened"]
+    first, evicted, second = (e for e in seen.events if not isinstance(e, corral.StateChanged))
+    assert isinstance(first, corral.WorkspaceOpened)
+    assert not first.resolved
+    assert isinstance(evicted, corral.WorkspaceEvicted)
+    assert evicted.workspace_id == ws.id
+    assert isinstance(second, corral.WorkspaceOpened)
+    assert second.resolved
+    assert all((e.session_id, e.provider_id) == ("s1", "fake") for e in seen.events)
+
+
+async def test_every_state_transition_is_an_event(provider: Any, make_config: Any) -> None:
+    seen = RecordingObserver()
+    reg = registry(provider, make_config(), observers=[seen])
+    await reg.get()
+    reg.mark_evicted()
+    await reg.close()
+    moves = [(e.previous, e.current) for e in seen.of_type(corral.StateChanged)]
+    assert moves == [
+        ("configured", "opening"),
+        ("opening", "open"),
+        ("open", "evicted"),
+        ("evicted", "closing"),
+        ("closing", "closed"),
+    ]
+    (closed,) = seen.of_type(corral.WorkspaceClosed)
+    assert closed.status == "ok"
+    assert closed.duration_ms >= 0
+
+
+async def test_metrics_are_a_sink_of_the_event_stream(provider: Any, make_config: Any) -> None:
+    calls: list[tuple[str, tuple[object, ...]]] = []
+
+    class Counting(corral.WorkspaceMetrics):
+        # Only some methods: the protocol's own bodies make the others no-ops.
+        def inc_open(self, provider: str, status: str) -> None:
+            calls.append(("inc_open", (provider, status)))
+
+        def inc_close(self, provider: str, status: str) -> None:
+            calls.append(("inc_close", (provider, status)))
+
+        def inc_eviction(self, provider: str) -> None:
+            calls.append(("inc_eviction", (provider,)))
+
+    reg = registry(provider, make_config(), observers=[corral.MetricsSink(Counting())])
+    await reg.get()
+    reg.mark_evicted()
+    await reg.get()
+    await reg.close()
+    assert calls == [
+        ("inc_open", ("fake", "ok")),
+        ("inc_eviction", ("fake",)),
+        ("inc_open", ("fake", "ok")),
+        ("inc_close", ("fake", "ok")),
+    ]
+
+
+async def test_failed_open_and_retries_are_events(provider: Any, make_config: Any) -> None:
+    seen = RecordingObserver()
+    provider.fail_transient = 1
+    reg = registry(provider, make_config(), observers=[seen])
+    await reg.get()
+    (failed,) = seen.of_type(corral.WorkspaceOpenFailed)
+    assert failed.transient
+    assert failed.error == "backend busy"
+    (retry,) = seen.of_type(corral.OpenRetrying)
+    assert (retry.attempt, retry.max_attempts) == (1, 3)
 
 
 async def test_describe_is_a_frozen_snapshot(provider: Any, make_config: Any) -> None:
@@ -244,86 +311,100 @@ async def test_describe_is_a_frozen_snapshot(provider: Any, make_config: Any) ->
     assert before.state == "configured"
 
 
-class Exploding:
-    def on_open(self, event: Any) -> None:
-        raise RuntimeError("hook bug")
+def exploding_observer(event: corral.Event) -> None:
+    raise RuntimeError("observer bug")
 
+
+class ExplodingMetrics(corral.WorkspaceMetrics):
     def inc_open(self, provider: str, status: str) -> None:
         raise RuntimeError("metrics bug")
 
 
-async def test_raising_hooks_and_metrics_never_break_open(
+async def test_raising_observers_and_metrics_never_break_open(
     provider: Any, make_config: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    boom = Exploding()
-    metrics = corral.NoopMetrics()
-    metrics.inc_open = boom.inc_open  # type: ignore[method-assign]
-    reg = registry(provider, make_config(), hooks=[boom], metrics=metrics)
+    seen = RecordingObserver()
+    observers = [exploding_observer, corral.MetricsSink(ExplodingMetrics()), seen]
+    reg = registry(provider, make_config(), observers=observers)
     with caplog.at_level(logging.WARNING):
         await reg.get()
-    assert reg.state == "open"
-    assert "hook on_open raised" in caplog.text
-    assert "metrics sink inc_open raised" in caplog.text
+        await reg.close()
+    assert reg.state == "closed"
+    assert "event sink exploding_observer raised" in caplog.text
+    assert "event sink MetricsSink raised" in caplog.text
+    # A failing sink does not stop the ones after it.
+    assert "WorkspaceOpened" in seen.names()
+    assert "WorkspaceClosed" in seen.names()
+    # Repeated failures are logged at 1, 2, 4, 8... not on every event.
+    assert caplog.text.count("event sink exploding_observer raised") < len(seen.events)
 
 
-class SlowAsyncHooks:
+class SlowAsyncObserver:
     def __init__(self) -> None:
         self.seen: list[str] = []
 
-    async def on_open(self, event: Any) -> None:
-        self.seen.append(event.hook)
-        await anyio.sleep_forever()
+    async def __call__(self, event: corral.Event) -> None:
+        if isinstance(event, corral.WorkspaceOpened):
+            self.seen.append("opened")
+            await anyio.sleep_forever()
+        if isinstance(event, corral.WorkspaceClosed):
+            self.seen.append("closed")
 
-    async def on_close(self, event: Any) -> None:
-        self.seen.append(event.hook)
 
-
-async def test_hanging_async_hook_does_not_stall_operations(
+async def test_hanging_async_observer_does_not_stall_operations(
     provider: Any, make_config: Any
 ) -> None:
-    hooks = SlowAsyncHooks()
-    reg = registry(provider, make_config(), hooks=[hooks])
-    reg.hooks._timeout = 0.05
+    slow = SlowAsyncObserver()
+    reg = registry(provider, make_config(), observers=[slow])
+    reg._events.sink_timeout_s = 0.05
     with anyio.fail_after(5):
         async with reg:
             await reg.get()
             await anyio.sleep(0.2)
-    assert hooks.seen == ["on_open", "on_close"]
+    assert slow.seen == ["opened", "closed"]
 
 
-class CountingAsyncHooks:
+class CountingAsyncObserver:
     def __init__(self) -> None:
-        self.count = 0
+        self.received = 0
         self.release = anyio.Event()
 
-    async def on_evicted(self, event: Any) -> None:
+    async def __call__(self, event: corral.Event) -> None:
         await self.release.wait()
-        self.count += 1
+        self.received += 1
 
 
-async def test_async_hook_queue_drops_and_counts_when_full(provider: Any, make_config: Any) -> None:
-    hooks = CountingAsyncHooks()
-    reg = registry(provider, make_config(), hooks=[hooks])
+async def test_async_observer_queue_drops_and_counts_when_full(
+    provider: Any, make_config: Any
+) -> None:
+    counting = CountingAsyncObserver()
+    seen = RecordingObserver()
+    reg = registry(provider, make_config(), observers=[counting, seen])
     async with reg:
         await reg.get()
         for _ in range(400):
             reg.mark_evicted()
             await reg.get()
-        hooks.release.set()
-    assert reg.hooks.dropped > 0
-    assert reg.describe().hooks_dropped == reg.hooks.dropped
-    assert hooks.count + reg.hooks.dropped == 400
+        counting.release.set()
+    dropped = reg.describe().events_dropped
+    assert dropped > 0
+    reports = seen.of_type(corral.EventsDropped)
+    # Every event reached the async sink or was counted as dropped, and each
+    # drop was reported to the synchronous sinks (never queued behind itself).
+    assert counting.received + dropped == len(seen.events) - len(reports)
+    assert [d.dropped for d in reports] == list(range(1, dropped + 1))
+    assert all(d.sink == "CountingAsyncObserver" and d.reason == "queue full" for d in reports)
 
 
-async def test_async_hooks_without_dispatcher_are_dropped_not_awaited(
+async def test_async_observers_without_a_running_stream_are_dropped_not_awaited(
     provider: Any, make_config: Any
 ) -> None:
-    hooks = SlowAsyncHooks()
-    reg = registry(provider, make_config(), hooks=[hooks])
+    slow = SlowAsyncObserver()
+    reg = registry(provider, make_config(), observers=[slow])
     with anyio.fail_after(5):
         await reg.get()
-    assert hooks.seen == []
-    assert reg.hooks.dropped == 1
+    assert slow.seen == []
+    assert reg.describe().events_dropped == 3  # two state changes and the open
 
 
 async def test_provider_kind_mismatch_is_refused(provider: Any) -> None:

@@ -45,7 +45,9 @@ async def test_tampered_store_row_is_rejected_cleanly(tmp_path: Path) -> None:
 
 
 def test_public_surface_is_exported_and_documented() -> None:
-    for module in (corral, corral.testing):
+    import corral.sync
+
+    for module in (corral, corral.testing, corral.sync):
         assert module.__doc__
         for name in module.__all__:
             obj = getattr(module, name)
@@ -54,7 +56,7 @@ def test_public_surface_is_exported_and_documented() -> None:
                 assert obj.__module__.startswith("corral"), name
     assert sorted(set(corral.__all__)) == sorted(corral.__all__)
     public = {n for n in dir(corral) if not n.startswith("_")}
-    submodules = {"hookspecs", "testing", "annotations"}
+    submodules = {"hookspecs", "testing", "annotations", "sync"}
     assert public - set(corral.__all__) - submodules == set()
 
 

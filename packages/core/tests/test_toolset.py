@@ -10,7 +10,7 @@ import pytest
 
 import corral
 from corral import SessionRef, ToolResult, WorkspaceRegistry, WorkspaceToolset
-from corral.testing import RecordingHooks, RecordingUsage
+from corral.testing import RecordingObserver, RecordingUsage
 
 pytestmark = pytest.mark.anyio
 
@@ -31,6 +31,8 @@ SNAPSHOT_TOOLS = {
     "workspace_list_snapshots",
     "workspace_delete_snapshot",
     "workspace_branch",
+    "workspace_changes_since_snapshot",
+    "workspace_read_file_at_snapshot",
 }
 
 
@@ -38,7 +40,9 @@ def toolset(
     provider: Any, plugins: corral.PluginSet, caps: dict[str, Any], **kw: Any
 ) -> WorkspaceToolset:
     config = corral.WorkspaceConfig(corral.ProviderConfig("fake"), caps)
-    registry = WorkspaceRegistry(config, SessionRef("s"), provider, hooks=kw.pop("hooks", ()))
+    registry = WorkspaceRegistry(
+        config, SessionRef("s"), provider, observers=kw.pop("observers", ())
+    )
     return WorkspaceToolset(registry, plugins.capabilities, **kw)
 
 
@@ -208,8 +212,8 @@ async def test_unexpected_exception_is_contained(
 
 
 async def test_eviction_is_retried_exactly_once(provider: Any, plugins: corral.PluginSet) -> None:
-    hooks = RecordingHooks()
-    ts = toolset(provider, plugins, {"fs": True}, hooks=[hooks])
+    seen = RecordingObserver()
+    ts = toolset(provider, plugins, {"fs": True}, observers=[seen])
     await ts.call("workspace_write_file", {"path": "/a", "content": "x"})
     assert provider.last_fs is not None
     provider.last_fs.evict_next = 1
@@ -217,8 +221,10 @@ async def test_eviction_is_retried_exactly_once(provider: Any, plugins: corral.P
     assert not result.is_error
     assert result.content == "x"
     assert provider.resolves == 1
-    assert "on_eviction_retry" in hooks.names()
-    assert hooks.events[-1].status == "recovered"
+    (retry,) = seen.of_type(corral.EvictionRetried)
+    assert (retry.tool, retry.outcome) == ("workspace_read_file", "recovered")
+    # The retry settles before the call does: one stream, in order.
+    assert seen.names()[-2:] == ["EvictionRetried", "ToolCallFinished"]
 
 
 async def test_eviction_retry_exhausted_is_logged_and_reported(
@@ -245,11 +251,42 @@ async def test_eviction_retry_exhausted_is_logged_and_reported(
 
 async def test_usage_is_recorded_per_call(provider: Any, plugins: corral.PluginSet) -> None:
     usage = RecordingUsage()
-    ts = toolset(provider, plugins, {"fs": True}, usage=usage)
+    ts = toolset(provider, plugins, {"fs": True}, observers=[corral.UsageSink(usage)])
     await ts.call("workspace_write_file", {"path": "/a", "content": "x"})
     await ts.call("workspace_read_file", {"path": "/nope"})
     assert [r[0] for r in usage.records] == ["workspace.write_file", "workspace.read_file"]
     assert all(r[2] == "s" and r[1] >= 0 for r in usage.records)
+
+
+async def test_every_call_is_one_tool_call_event(provider: Any, plugins: corral.PluginSet) -> None:
+    seen = RecordingObserver()
+    ts = toolset(provider, plugins, {"fs": True}, observers=[seen], trace_context={"trace_id": "t"})
+    await ts.call("workspace_write_file", {"path": "/a", "content": "x"})
+    await ts.call("workspace_read_file", {"path": "/nope"})
+    await ts.call("workspace_read_file", {"path": 3})
+    calls = seen.of_type(corral.ToolCallFinished)
+    assert [(c.tool, c.op, c.capability, c.status, c.error_code) for c in calls] == [
+        ("workspace_write_file", "write_file", "fs", "ok", None),
+        ("workspace_read_file", "read_file", "fs", "error", "not_found"),
+        ("workspace_read_file", "read_file", "fs", "error", "invalid_argument"),
+    ]
+    assert all(c.session_id == "s" and c.provider_id == "fake" for c in calls)
+    assert all(c.trace == {"trace_id": "t"} and c.duration_ms >= 0 for c in calls)
+
+
+async def test_metrics_see_tool_calls_through_the_stream(
+    provider: Any, plugins: corral.PluginSet
+) -> None:
+    counted: list[tuple[str, str]] = []
+
+    class Counting(corral.WorkspaceMetrics):
+        def inc_tool_call(self, tool: str, status: str) -> None:
+            counted.append((tool, status))
+
+    ts = toolset(provider, plugins, {"fs": True}, observers=[corral.MetricsSink(Counting())])
+    await ts.call("workspace_write_file", {"path": "/a", "content": "x"})
+    await ts.call("workspace_stat", {"path": "/nope"})
+    assert counted == [("workspace_write_file", "ok"), ("workspace_stat", "error")]
 
 
 async def test_trace_context_reaches_log_records(
@@ -326,6 +363,34 @@ async def test_exporters_match_the_tools(provider: Any, plugins: corral.PluginSe
     assert openai[0]["type"] == "function"
 
 
+async def test_inherited_toolset_runs_its_own_pipeline(
+    provider: Any, plugins: corral.PluginSet
+) -> None:
+    seen = RecordingObserver()
+
+    def tag(name: str, args: Any, result: ToolResult) -> ToolResult:
+        return ToolResult("[child] " + result.content, result.is_error, result.data)
+
+    parent = toolset(
+        provider, plugins, {"fs": True}, observers=[seen], trace_context={"span_id": "parent"}
+    )
+    child = parent.inherit(trace_context={"span_id": "child"}, result_filter=tag)
+    assert child.tool("workspace_read_file") is not parent.tool("workspace_read_file")
+    await parent.call("workspace_write_file", {"path": "/a", "content": "x"})
+    assert (await child.call("workspace_read_file", {"path": "/a"})).content == "[child] x"
+    assert (await parent.call("workspace_read_file", {"path": "/a"})).content == "x"
+    spans = [(c.tool, c.trace["span_id"]) for c in seen.of_type(corral.ToolCallFinished)]
+    assert spans == [
+        ("workspace_write_file", "parent"),
+        ("workspace_read_file", "child"),
+        ("workspace_read_file", "parent"),
+    ]
+    # By default a child keeps the parent's trace context and filter.
+    grandchild = child.inherit()
+    assert (await grandchild.call("workspace_read_file", {"path": "/a"})).content == "[child] x"
+    assert seen.of_type(corral.ToolCallFinished)[-1].trace == {"span_id": "child"}
+
+
 async def test_inherited_toolset_does_not_close_parent(
     provider: Any, plugins: corral.PluginSet
 ) -> None:
@@ -352,8 +417,8 @@ def test_reserved_prefixes_are_refused(provider: Any, plugins: corral.PluginSet)
     [
         ({"gitx": True}, "unknown capability 'gitx'"),
         ({"shell": {"timeout": 3}}, "capabilities.shell: unknown option 'timeout'"),
-        ({"shell": {"timeout_s": "3"}}, "capabilities.shell.timeout_s: expected float"),
-        ({"shell": {"timeout_s": -1}}, "timeout_s must be greater than 0"),
+        ({"shell": {"timeout_s": "3"}}, "capabilities.shell.timeout_s: expected a finite number"),
+        ({"shell": {"timeout_s": -1}}, "timeout_s must be a number greater than 0"),
         ({"fs": "yes"}, "capabilities.fs: expected true or an object"),
         ({"script": {"network": "sometimes"}}, "capabilities.script"),
     ],

@@ -7,10 +7,31 @@ group. Start with :func:`open_workspace`.
 
 from __future__ import annotations
 
-from ._bridges import ToolCaller, anthropic_tool_results, openai_tool_messages
+import logging as _logging
+
+from ._bridges import (
+    AnthropicTool,
+    AnthropicToolResultBlock,
+    AnthropicToolResultMessage,
+    OpenAIAssistantMessage,
+    OpenAIFunction,
+    OpenAIResponsesFunctionCallOutput,
+    OpenAIResponsesTool,
+    OpenAITool,
+    OpenAIToolMessage,
+    ToolCaller,
+    anthropic_tool,
+    anthropic_tool_results,
+    openai_assistant_message,
+    openai_responses_tool,
+    openai_responses_tool_outputs,
+    openai_tool,
+    openai_tool_messages,
+)
 from ._capabilities import RESERVED_PREFIXES, Capability, check_user_tool_name
 from ._data import (
     CommandRequest,
+    ExecError,
     ExecResult,
     FileEntry,
     FileStat,
@@ -24,6 +45,8 @@ from ._data import (
     WorkspaceConfig,
     WorkspaceRef,
 )
+from ._defaults import DEFAULT_MAX_FILE_BYTES
+from ._edit import apply_edit
 from ._errors import (
     ConfigError,
     ErrorCode,
@@ -32,10 +55,27 @@ from ._errors import (
     WorkspaceEvictedError,
     WorkspaceFailedError,
 )
-from ._observe import NoopMetrics, UsageRecorder, WorkspaceEvent, WorkspaceMetrics
+from ._forwarding import ForwardingFileSystem, ForwardingShell
+from ._observe import (
+    CapabilityEvent,
+    Event,
+    EventsDropped,
+    EventSink,
+    EvictionRetried,
+    MetricsSink,
+    OpenRetrying,
+    StateChanged,
+    ToolCallFinished,
+    UsageRecorder,
+    UsageSink,
+    WorkspaceClosed,
+    WorkspaceEvicted,
+    WorkspaceMetrics,
+    WorkspaceOpened,
+    WorkspaceOpenFailed,
+)
 from ._paths import (
     BINARY_SNIFF_BYTES,
-    apply_edit,
     glob_match,
     is_binary,
     join_path,
@@ -50,6 +90,8 @@ from ._protocols import (
     OpenedWorkspace,
     Shell,
     Snapshotter,
+    VersionChange,
+    Versions,
     Workspace,
     WorkspaceProvider,
     describe_workspace,
@@ -76,39 +118,75 @@ from ._regex import (
 )
 from ._registry import RegistrySnapshot, RegistryState, ScopedWorkspace, WorkspaceRegistry
 from ._schema import Arg, ArgsSchema, WorkspacePath, args_schema
-from ._session import WorkspaceSession, default_plugins, default_provider_kind, open_workspace
+from ._session import (
+    ToolCallError,
+    WorkspaceSession,
+    default_plugins,
+    default_provider_kind,
+    open_workspace,
+)
 from ._store import RefStore, StoredSession
-from ._tool import SessionControl, Tool, ToolEnv, ToolHandler, ToolRenderer, ToolResult, ToolSpec
+from ._tool import (
+    SessionControl,
+    Tool,
+    ToolEnv,
+    ToolHandler,
+    ToolHints,
+    ToolRenderer,
+    ToolResult,
+    ToolSpec,
+)
+from ._tool_source import AsyncCall, ToolSource, bound_tools
 from ._toolset import ResultFilter, WorkspaceToolset
-from ._workspace import ModularWorkspace, ensure_open
+from ._workspace import ModularWorkspace, workspace_closed
 from .hookspecs import hookimpl, hookspec
 
 __all__ = [
     "BINARY_SNIFF_BYTES",
     "BLOCK_ENV",
+    "DEFAULT_MAX_FILE_BYTES",
     "RESERVED_PREFIXES",
+    "AnthropicTool",
+    "AnthropicToolResultBlock",
+    "AnthropicToolResultMessage",
     "Arg",
     "ArgsSchema",
+    "AsyncCall",
     "Capability",
+    "CapabilityEvent",
     "CliCommand",
     "CodeInterpreter",
     "CodePolicy",
     "CommandRequest",
     "ConfigError",
     "ErrorCode",
+    "Event",
+    "EventSink",
+    "EventsDropped",
+    "EvictionRetried",
+    "ExecError",
     "ExecResult",
     "FileEntry",
     "FileStat",
     "FileSystem",
     "FileType",
+    "ForwardingFileSystem",
+    "ForwardingShell",
     "FsPolicy",
     "GrepMatch",
     "GrepOptions",
     "GrepResult",
     "LineSearch",
     "Matcher",
+    "MetricsSink",
     "ModularWorkspace",
-    "NoopMetrics",
+    "OpenAIAssistantMessage",
+    "OpenAIFunction",
+    "OpenAIResponsesFunctionCallOutput",
+    "OpenAIResponsesTool",
+    "OpenAITool",
+    "OpenAIToolMessage",
+    "OpenRetrying",
     "OpenedWorkspace",
     "OperationError",
     "PluginSet",
@@ -130,31 +208,44 @@ __all__ = [
     "SnapshotInfo",
     "SnapshotPolicy",
     "Snapshotter",
+    "StateChanged",
     "StoredSession",
     "Tool",
+    "ToolCallError",
+    "ToolCallFinished",
     "ToolCaller",
     "ToolEnv",
     "ToolHandler",
+    "ToolHints",
     "ToolRenderer",
     "ToolResult",
+    "ToolSource",
     "ToolSpec",
     "UsageRecorder",
+    "UsageSink",
+    "VersionChange",
+    "Versions",
     "Workspace",
+    "WorkspaceClosed",
     "WorkspaceConfig",
     "WorkspaceError",
-    "WorkspaceEvent",
+    "WorkspaceEvicted",
     "WorkspaceEvictedError",
     "WorkspaceFailedError",
     "WorkspaceMetrics",
+    "WorkspaceOpenFailed",
+    "WorkspaceOpened",
     "WorkspacePath",
     "WorkspaceProvider",
     "WorkspaceRef",
     "WorkspaceRegistry",
     "WorkspaceSession",
     "WorkspaceToolset",
+    "anthropic_tool",
     "anthropic_tool_results",
     "apply_edit",
     "args_schema",
+    "bound_tools",
     "bytes_searcher",
     "check_ref",
     "check_ref_schema_version",
@@ -162,7 +253,6 @@ __all__ = [
     "default_plugins",
     "default_provider_kind",
     "describe_workspace",
-    "ensure_open",
     "get_regex_engine",
     "glob_match",
     "hookimpl",
@@ -173,6 +263,10 @@ __all__ = [
     "looks_catastrophic",
     "normalize_path",
     "open_workspace",
+    "openai_assistant_message",
+    "openai_responses_tool",
+    "openai_responses_tool_outputs",
+    "openai_tool",
     "openai_tool_messages",
     "path_parts",
     "ref_from_dict",
@@ -181,4 +275,10 @@ __all__ = [
     "ref_to_json",
     "structure_payload",
     "unstructure_payload",
+    "workspace_closed",
 ]
+
+# A library never prints on its own: without the application's logging config,
+# records under "corral" (every corral package logs there) go nowhere instead of
+# reaching logging's last-resort stderr handler.
+_logging.getLogger("corral").addHandler(_logging.NullHandler())

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ._capabilities import AnyCapability, Capability
-from ._exec_tools import code_tools, script_tools, shell_tools, snapshot_tools
+from ._exec_tools import code_tools, script_tools, shell_tools
 from ._fs_tools import fs_tools
 from ._policies import CodePolicy, FsPolicy, ScriptPolicy, ShellPolicy, SnapshotPolicy
+from ._snapshot_tools import snapshot_tools
 from .hookspecs import hookimpl
 
 __all__ = ["BUILTIN_CAPABILITIES", "BuiltinCapabilities"]

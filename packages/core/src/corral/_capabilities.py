@@ -9,6 +9,7 @@ import attrs
 from attrs import AttrsInstance
 
 from ._errors import ConfigError
+from ._policies import structure_option
 from ._refs import converter
 from ._tool import ToolSpec
 
@@ -72,11 +73,10 @@ class Capability(Generic[PolicyT, ModuleT]):
                 known = ", ".join(sorted(fields)) or "none"
                 raise ConfigError(f"{where}: unknown option {shown!r} (known: {known})")
             try:
-                kwargs[key] = converter.structure(raw, fields[key].type)
-            except Exception:
-                raise ConfigError(
-                    f"{where}.{key}: expected {_type_name(fields[key].type)}"
-                ) from None
+                kwargs[key] = structure_option(raw, fields[key].type, fallback=converter.structure)
+            except Exception as exc:
+                expected = getattr(exc, "expected", None) or _type_name(fields[key].type)
+                raise ConfigError(f"{where}.{key}: expected {expected}") from None
         try:
             return self.policy_type(**kwargs)
         except (ValueError, TypeError) as exc:

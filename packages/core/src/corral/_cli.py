@@ -7,17 +7,19 @@ configuration, 1 for a failed call), never a traceback.
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.metadata
 import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 import anyio
 
 from ._errors import ConfigError, WorkspaceError, WorkspaceFailedError
-from ._plugins import PluginSet
+from ._plugins import KNOWN_COMMANDS, PluginSet
 from ._session import (
     default_capabilities,
     default_plugins,
@@ -69,26 +71,39 @@ def _print_result(result: ToolResult, as_json: bool) -> int:
 
 
 def _cmd_providers(args: argparse.Namespace, plugins: PluginSet) -> int:
-    rows: list[dict[str, Any]] = [
-        {
-            "kind": spec.kind,
-            "version": spec.version,
-            "distribution": spec.distribution,
-            "capabilities": sorted(spec.capabilities),
-            "summary": spec.summary,
-        }
-        for spec in sorted(plugins.providers.values(), key=lambda s: s.kind)
-    ]
+    rows: list[dict[str, Any]] = []
+    for spec in sorted(plugins.providers.values(), key=lambda s: s.kind):
+        problem = spec.availability()
+        rows.append(
+            {
+                "kind": spec.kind,
+                "version": spec.version,
+                "distribution": spec.distribution,
+                "capabilities": sorted(spec.capabilities),
+                "available": problem is None,
+                "unavailable_reason": problem,
+                "outlives_process": spec.outlives_process,
+                "summary": spec.summary,
+            }
+        )
     if args.json:
         print(json.dumps({"providers": rows, "failed_plugins": dict(plugins.failed)}, indent=2))
         return 0
     if not rows:
         print("no providers installed (pip install corral-local-bash or corral-memory)")
         return 0
-    width = max(len(r["kind"]) for r in rows)
+    table = [("KIND", "VERSION", "CAPABILITIES", "RUNS HERE", "SUMMARY")]
     for r in rows:
-        caps = ",".join(r["capabilities"])
-        print(f"{r['kind']:<{width}}  {r['version'] or '-':<8}  {caps:<22}  {r['summary']}")
+        here = "yes" if r["available"] else f"no: {r['unavailable_reason']}"
+        table.append(
+            (r["kind"], r["version"] or "-", ",".join(r["capabilities"]), here, r["summary"])
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    for row in table:
+        cells = [f"{cell:<{w}}" for cell, w in zip(row[:4], widths, strict=True)]
+        print("  ".join([*cells, row[4]]).rstrip())
+    for name, why in sorted(plugins.failed.items()):
+        print(f"plugin {name!r} failed to load: {why}", file=sys.stderr)
     return 0
 
 
@@ -96,11 +111,12 @@ def _cmd_tools(args: argparse.Namespace, plugins: PluginSet) -> int:
     kind = args.provider or default_provider_kind(plugins)
     options = _json_arg(args.provider_options, "--provider-options")
 
-    async def build() -> list[dict[str, Any]]:
+    async def build() -> Sequence[Mapping[str, object]]:
         provider = resolve_provider(kind, plugins, options)
         caps = _json_arg(args.capabilities, "--capabilities")
         caps = caps if caps is not None else default_capabilities(provider, plugins)
-        async with open_workspace(provider, caps, plugins=plugins) as ws:
+        # Listing tools opens nothing; the capability check still runs.
+        async with open_workspace(provider, caps, plugins=plugins, open_strategy="lazy") as ws:
             if args.format == "openai":
                 return ws.openai_tools()
             if args.format == "anthropic":
@@ -117,6 +133,7 @@ def _cmd_tools(args: argparse.Namespace, plugins: PluginSet) -> int:
 def _cmd_call(args: argparse.Namespace, plugins: PluginSet) -> int:
     arguments = _json_arg(args.arguments, "ARGS_JSON") or {}
     store = RefStore(args.state)
+    say = functools.partial(print, file=sys.stderr)
 
     async def run() -> int:
         stored = await store.load(args.session)
@@ -131,8 +148,18 @@ def _cmd_call(args: argparse.Namespace, plugins: PluginSet) -> int:
             caps = stored.capabilities
         provider = resolve_provider(kind, plugins, options)
         caps = caps if caps is not None else default_capabilities(provider, plugins)
+        spec = plugins.providers.get(kind)
+        durable = spec is None or spec.outlives_process
+        if not durable:
+            say(
+                f"corral: note: {kind} workspaces live in this process's memory and end "
+                f"with it; session {args.session!r} is not stored (use local-bash, "
+                "local-sandbox or docker to resume it in a later call)"
+            )
 
         async def persist(ref: Any) -> None:
+            if not durable:
+                return
             if ref is None:
                 await store.delete(args.session)
             else:
@@ -146,7 +173,7 @@ def _cmd_call(args: argparse.Namespace, plugins: PluginSet) -> int:
             session_id=args.session,
             ref=stored.ref if stored else None,
             persist_ref=persist,
-            close_on_exit=False,
+            close_on_exit=not durable,
             plugins=plugins,
         ) as ws:
             result = await ws.call(args.tool, arguments)
@@ -174,6 +201,8 @@ def _cmd_sessions(args: argparse.Namespace, plugins: PluginSet) -> int:
                 indent=2,
             )
         )
+    elif not rows:
+        print("no stored sessions (corral call --session NAME ... starts one)")
     else:
         for r in rows:
             print(f"{r.session_id}\t{r.provider_kind}")
@@ -225,6 +254,7 @@ def _cmd_demo(args: argparse.Namespace, plugins: PluginSet) -> int:
 def build_parser(plugins: PluginSet) -> argparse.ArgumentParser:
     """The argument parser, including plugin subcommands."""
     parser = argparse.ArgumentParser(prog="corral", description="Workspaces for AI agents.")
+    parser.add_argument("--version", action="version", version=f"corral {_version()}")
     parser.add_argument("--state", help="session database (default: $CORRAL_STATE_DIR/...)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -245,8 +275,10 @@ def build_parser(plugins: PluginSet) -> argparse.ArgumentParser:
     p.add_argument("--capabilities", help="capability config as JSON (default: all supported)")
     p.add_argument("--provider-options", help="provider factory options as JSON")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    p.add_argument("tool", help="tool name, e.g. workspace_read_file")
-    p.add_argument("arguments", nargs="?", default="{}", help="tool arguments as JSON")
+    p.add_argument("tool", metavar="TOOL", help="tool name, e.g. workspace_read_file")
+    p.add_argument(
+        "arguments", metavar="ARGS_JSON", nargs="?", default="{}", help="tool arguments as JSON"
+    )
     p.set_defaults(func=_cmd_call)
 
     p = sub.add_parser("sessions", help="list stored sessions")
@@ -254,7 +286,7 @@ def build_parser(plugins: PluginSet) -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_sessions)
 
     p = sub.add_parser("close", help="close a session's workspace and forget it")
-    p.add_argument("--session", required=True)
+    p.add_argument("--session", required=True, help="session id")
     p.set_defaults(func=_cmd_close)
 
     p = sub.add_parser("demo", help="play a scripted agent session")
@@ -265,7 +297,29 @@ def build_parser(plugins: PluginSet) -> argparse.ArgumentParser:
         p = sub.add_parser(command.name, help=command.help)
         command.configure(p)
         p.set_defaults(plugin_run=command.run)
+    for name, dist in KNOWN_COMMANDS.items():
+        if name in plugins.commands:
+            continue
+        # Not argparse's "invalid choice": say which distribution adds the verb.
+        p = sub.add_parser(name, help=f"(needs {dist}: pip install {dist})", add_help=False)
+        p.set_defaults(func=_missing_command(name, dist), takes_any_arguments=True)
     return parser
+
+
+def _missing_command(name: str, dist: str) -> Any:
+    def run(args: argparse.Namespace, plugins: PluginSet) -> int:
+        broken = plugins.failed.get(name)
+        why = f" (its plugin failed to load: {broken})" if broken else ""
+        raise _Fail(f"corral {name} needs {dist}: pip install {dist}{why}", 2)
+
+    return run
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("corral-core")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _die(message: str, status: int) -> NoReturn:
@@ -283,12 +337,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         plugins = default_plugins()
     except Exception as exc:  # a broken third-party plugin must not hide the CLI
         _die(f"loading plugins failed: {type(exc).__name__}: {exc}", 2)
-    args = build_parser(plugins).parse_args(argv)
+    parser = build_parser(plugins)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "takes_any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         run = getattr(args, "plugin_run", None)
-        if run is not None:
-            return int(run(args))
-        return int(args.func(args, plugins))
+        status = int(run(args)) if run is not None else int(args.func(args, plugins))
+        sys.stdout.flush()  # inside the try: a reader that left is handled below
     except _Fail as exc:
         _die(str(exc), exc.status)
     except ConfigError as exc:
@@ -297,6 +353,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         _die(str(exc), 1)
     except KeyboardInterrupt:
         _die("interrupted", 130)
+    except BaseException as exc:
+        if not _is_broken_pipe(exc):
+            raise
+        # `corral demo | head`: the reader left. Point stdout at /dev/null so the
+        # interpreter's final flush does not fail again, and exit quietly.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a killed writer
+    return status
+
+
+def _is_broken_pipe(exc: BaseException) -> bool:
+    if isinstance(exc, BrokenPipeError):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_is_broken_pipe(e) for e in exc.exceptions)
+    return False
 
 
 if __name__ == "__main__":

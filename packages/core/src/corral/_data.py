@@ -9,6 +9,7 @@ import attrs
 
 __all__ = [
     "CommandRequest",
+    "ExecError",
     "ExecResult",
     "FileEntry",
     "FileStat",
@@ -98,7 +99,14 @@ class WorkspaceRef:
 
 @attrs.frozen
 class FileStat:
-    """Metadata of one path. ``path`` is the agent's view (always ``/``-rooted)."""
+    """Metadata of one path. ``path`` is the agent's view (always ``/``-rooted).
+
+    ``size`` is the length in bytes of a file's content and 0 for a directory;
+    ``mtime`` is the time of the last change to the content, in seconds since
+    the Unix epoch (as ``os.stat``'s ``st_mtime``, never milliseconds);
+    ``mode`` holds the permission bits only (``mode & ~0o7777 == 0``, e.g.
+    ``0o644``), never the file-type bits that ``type`` already says.
+    """
 
     path: str
     type: FileType
@@ -177,6 +185,21 @@ class CommandRequest:
 
 
 @attrs.frozen
+class ExecError:
+    """An error raised by the code an interpreter ran (the workspace itself is fine).
+
+    Attributes:
+        name: The error's class as the language names it (``TypeError``).
+        value: Its message.
+        traceback: Where it was raised, as the language prints it (may be empty).
+    """
+
+    name: str
+    value: str
+    traceback: str = ""
+
+
+@attrs.frozen
 class ExecResult:
     """The outcome of a command or code run.
 
@@ -186,7 +209,9 @@ class ExecResult:
     ``stderr_truncated`` are set exactly when that stream produced more than
     ``max_output_bytes`` (output of exactly the cap is kept whole); a short
     note (at most 200 bytes) may follow cut output. ``duration_ms`` is the
-    wall time in milliseconds.
+    wall time in milliseconds. Code runners also report the value the code
+    returned as JSON text (``result_json``; None when it returned nothing)
+    and an uncaught error (``error``); a shell leaves both None.
     """
 
     exit_code: int | None
@@ -197,6 +222,8 @@ class ExecResult:
     duration_ms: float = 0.0
     signal: int | None = None
     timed_out: bool = False
+    result_json: str | None = None
+    error: ExecError | None = None
 
 
 @attrs.frozen

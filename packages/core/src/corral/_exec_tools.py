@@ -1,21 +1,24 @@
-"""Tools of the ``shell``, ``code``, ``script`` and ``snapshot`` capabilities."""
+"""Tools of the ``shell``, ``code`` and ``script`` capabilities (snapshot: ``_snapshot_tools``)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from typing import Annotated, Final
 
 import attrs
 
-from ._data import CommandRequest, ExecResult, SnapshotInfo
+from . import _tool_meta as meta
+from ._data import CommandRequest, ExecResult
+from ._echo import echo_if_short
 from ._errors import OperationError
-from ._policies import CodePolicy, ScriptPolicy, ShellPolicy, SnapshotPolicy
-from ._protocols import CodeInterpreter, Shell, Snapshotter
+from ._policies import CodePolicy, ScriptPolicy, ShellPolicy
+from ._protocols import CodeInterpreter, Shell
 from ._schema import Arg
-from ._tool import ToolEnv, ToolSpec
+from ._tool import ToolEnv, ToolHints, ToolSpec
 
-__all__ = ["code_tools", "exec_data", "script_tools", "shell_tools", "snapshot_tools"]
+__all__ = ["code_tools", "exec_data", "script_tools", "shell_tools"]
 
 _ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 MAX_COMMAND_CHARS: Final = 100_000
@@ -25,9 +28,6 @@ Data = dict[str, object]
 Code = Annotated[str, Arg("Source code to run", min_length=1, max_length=MAX_CODE_CHARS)]
 ContextId = Annotated[
     str, Arg("A context_id from workspace_create_code_context", min_length=1, max_length=200)
-]
-SnapshotId = Annotated[
-    str, Arg("A snapshot_id from workspace_snapshot", min_length=1, max_length=200)
 ]
 
 
@@ -42,7 +42,19 @@ def exec_data(result: ExecResult) -> Data:
         "timed_out": result.timed_out,
         "signal": result.signal,
         "duration_ms": round(result.duration_ms, 3),
+        **_code_outcome(result),
     }
+
+
+def _code_outcome(result: ExecResult) -> Data:
+    """A code runner's returned value and uncaught error, only when it reported them."""
+    out: Data = {}
+    if result.result_json is not None:
+        out["result"] = json.loads(result.result_json)
+    if result.error is not None:
+        error = result.error
+        out["error"] = {"name": error.name, "value": error.value, "traceback": error.traceback}
+    return out
 
 
 # -- shell ------------------------------------------------------------------------
@@ -81,9 +93,9 @@ def _precheck_allowlist(command: str, policy: ShellPolicy) -> None:
         raise OperationError("command is empty", code="invalid_argument")
     program = argv[0]
     if "/" in program or program not in policy.allowed_commands:
-        shown = program if len(program) <= 64 and program.isprintable() else "?"
         raise OperationError(
-            f"command {shown!r} is not in the allowed commands", code="policy_denied"
+            f"command {echo_if_short(program)!r} is not in the allowed commands",
+            code="policy_denied",
         )
 
 
@@ -138,6 +150,8 @@ def shell_tools(policy: ShellPolicy) -> list[ToolSpec[ShellPolicy, Shell]]:
             f"{policy.max_output_bytes} bytes per stream.",
             RunArgs,
             _run,
+            hints=meta.RUNS,
+            output_schema=meta.EXEC_RESULT,
         )
     ]
 
@@ -224,6 +238,8 @@ def code_tools(policy: CodePolicy) -> list[ToolSpec[CodePolicy, CodeInterpreter]
             "returns exit code, stdout and stderr.",
             RunCodeArgs,
             _run_code,
+            hints=meta.RUNS,
+            output_schema=meta.EXEC_RESULT,
             refine=languages,
         )
     ]
@@ -234,6 +250,8 @@ def code_tools(policy: CodePolicy) -> list[ToolSpec[CodePolicy, CodeInterpreter]
                 "Start a stateful interpreter context; variables persist across runs in it.",
                 CreateContextArgs,
                 _create_context,
+                hints=meta.ADDS,
+                output_schema=meta.CONTEXT_CREATED,
                 refine=languages,
             ),
             ToolSpec(
@@ -241,12 +259,16 @@ def code_tools(policy: CodePolicy) -> list[ToolSpec[CodePolicy, CodeInterpreter]
                 "Run code in an existing context created by workspace_create_code_context.",
                 RunInContextArgs,
                 _run_in_context,
+                hints=meta.RUNS,
+                output_schema=meta.EXEC_RESULT,
             ),
             ToolSpec(
                 "workspace_delete_code_context",
                 "Discard a code context.",
                 ContextArgs,
                 _delete_context,
+                hints=meta.OVERWRITES,
+                output_schema=meta.CONTEXT_DELETED,
             ),
         ]
     return tools
@@ -279,8 +301,20 @@ async def _script(env: ToolEnv[ScriptPolicy, CodeInterpreter], args: ScriptArgs)
     runner = await env.module()
     language = args.language or next(iter(sorted(runner.languages)), "javascript")
     if language not in runner.languages:
-        raise OperationError("language is not supported by the script runner", code="policy_denied")
+        raise OperationError(
+            "language is not supported by the script runner "
+            f"(available: {', '.join(sorted(runner.languages))})",
+            code="policy_denied",
+        )
     return exec_data(await runner.run_code(language, args.code, timeout_s=timeout_ms / 1000))
+
+
+def _script_hints(policy: ScriptPolicy) -> ToolHints:
+    # The isolate sees no workspace: it changes nothing, and reaches out only
+    # when the policy gives it the network.
+    return ToolHints(
+        read_only=True, destructive=False, idempotent=False, open_world=policy.network == "on"
+    )
 
 
 def script_tools(policy: ScriptPolicy) -> list[ToolSpec[ScriptPolicy, CodeInterpreter]]:
@@ -289,119 +323,13 @@ def script_tools(policy: ScriptPolicy) -> list[ToolSpec[ScriptPolicy, CodeInterp
         ToolSpec(
             "workspace_script",
             "Run a short stateless script in an ephemeral isolate "
-            f"(network {policy.network}, at most {policy.max_duration_ms} ms).",
+            f"(network {policy.network}, at most {policy.max_duration_ms} ms). Nothing is "
+            "kept between calls. console output comes back in stdout/stderr; the value of "
+            "the script's last expression (awaited when it is a promise) comes back as JSON "
+            "in 'result'; an uncaught error in 'error' (name, value, traceback).",
             ScriptArgs,
             _script,
+            hints=_script_hints(policy),
+            output_schema=meta.EXEC_RESULT,
         )
-    ]
-
-
-# -- snapshot ---------------------------------------------------------------------
-
-
-@attrs.frozen(kw_only=True)
-class SnapshotArgs:
-    """``workspace_snapshot``."""
-
-    label: Annotated[str | None, Arg("A note to recognise the snapshot by", max_length=200)] = None
-
-
-@attrs.frozen(kw_only=True)
-class SnapshotIdArgs:
-    """``workspace_restore``, ``workspace_delete_snapshot``, ``workspace_branch``."""
-
-    snapshot_id: SnapshotId
-
-
-@attrs.frozen
-class NoArgs:
-    """A tool without arguments."""
-
-
-SnapEnv = ToolEnv[SnapshotPolicy, Snapshotter]
-
-
-def _info(info: SnapshotInfo) -> Data:
-    return {
-        "snapshot_id": info.snapshot_id,
-        "created_at": info.created_at,
-        "label": info.label,
-        "size_bytes": info.size_bytes,
-    }
-
-
-async def _snapshot(env: SnapEnv, args: SnapshotArgs) -> Data:
-    policy = env.policy
-    snap = await env.module()
-    if len(await snap.list()) >= policy.max_snapshots:
-        raise OperationError(
-            f"this workspace already holds {policy.max_snapshots} snapshots; delete one first",
-            code="policy_denied",
-        )
-    info = await snap.snapshot(args.label)
-    env.session.emit("on_snapshot", status="snapshot", detail={"snapshot_id": info.snapshot_id})
-    return _info(info)
-
-
-async def _restore(env: SnapEnv, args: SnapshotIdArgs) -> Data:
-    snap = await env.module()
-    ref = await snap.restore(args.snapshot_id)
-    await env.session.adopt(ref)
-    env.session.emit("on_snapshot", status="restore", detail={"snapshot_id": args.snapshot_id})
-    return {"restored": args.snapshot_id}
-
-
-async def _list_snapshots(env: SnapEnv, args: NoArgs) -> Data:
-    snap = await env.module()
-    return {"snapshots": [_info(i) for i in await snap.list()]}
-
-
-async def _delete_snapshot(env: SnapEnv, args: SnapshotIdArgs) -> Data:
-    snap = await env.module()
-    await snap.delete(args.snapshot_id)
-    return {"deleted": args.snapshot_id}
-
-
-async def _branch(env: SnapEnv, args: SnapshotIdArgs) -> Data:
-    snap = await env.module()
-    ref = await snap.branch(args.snapshot_id)
-    workspace_id = await env.session.adopt(ref)
-    env.session.emit("on_snapshot", status="branch", detail={"snapshot_id": args.snapshot_id})
-    return {"branched_from": args.snapshot_id, "workspace_id": workspace_id}
-
-
-def snapshot_tools(policy: SnapshotPolicy) -> list[ToolSpec[SnapshotPolicy, Snapshotter]]:
-    """The five snapshot tools."""
-    return [
-        ToolSpec(
-            "workspace_snapshot",
-            "Save the current state of the workspace; returns a snapshot_id for restore or branch.",
-            SnapshotArgs,
-            _snapshot,
-        ),
-        ToolSpec(
-            "workspace_restore",
-            "Bring the workspace back to exactly a snapshot's state (later changes are lost).",
-            SnapshotIdArgs,
-            _restore,
-        ),
-        ToolSpec(
-            "workspace_list_snapshots",
-            "List this workspace's snapshots, oldest first.",
-            NoArgs,
-            _list_snapshots,
-        ),
-        ToolSpec(
-            "workspace_delete_snapshot",
-            "Delete a snapshot.",
-            SnapshotIdArgs,
-            _delete_snapshot,
-        ),
-        ToolSpec(
-            "workspace_branch",
-            "Continue in a new, separate workspace seeded from a snapshot; the current "
-            "workspace is left as it is.",
-            SnapshotIdArgs,
-            _branch,
-        ),
     ]

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Annotated, Final, Literal, TypedDict
+import logging
+import typing
+from typing import Annotated, Final, Literal, TypedDict, cast
 
 import attrs
 
-from ._data import FileEntry, GrepOptions
+from . import _tool_meta as meta
+from ._data import FileEntry, FileType, GrepOptions
 from ._errors import OperationError
+from ._mount import PathView
 from ._policies import FsPolicy
 from ._protocols import FileSystem
 from ._schema import Arg, WorkspacePath
 from ._tool import ToolEnv, ToolSpec, render_json
 
 __all__ = ["fs_tools"]
+
+log = logging.getLogger("corral.tools")
 
 DEFAULT_READ_LINES: Final = 2000
 MAX_LINE_CHARS: Final = 2000
@@ -147,17 +153,42 @@ def render_read(data: TextFile | BinaryFile) -> str:
     return text
 
 
-def _entry(e: FileEntry) -> Data:
-    return {"name": e.name, "path": e.path, "type": e.type, "size": e.size}
+_FILE_TYPES: Final = frozenset(typing.get_args(FileType))
+
+
+def _checked_type(value: object) -> FileType:
+    """A provider's file type, refused clearly when it is not a :data:`corral.FileType`.
+
+    Rendering would pass a misspelling (``"directory"``) on to the model as
+    if it meant something; a provider bug is reported as one instead (the
+    value is not echoed).
+    """
+    if value not in _FILE_TYPES:
+        log.error("the provider returned a file type that is not a corral.FileType")
+        raise OperationError(
+            "the workspace provider returned an invalid file type (not one of "
+            f"{', '.join(sorted(_FILE_TYPES))}); this is a provider bug",
+            code="failed",
+        )
+    return cast(FileType, value)
+
+
+def _entry(e: FileEntry, view: PathView) -> Data:
+    return {
+        "name": e.name,
+        "path": view.show(e.path),
+        "type": _checked_type(e.type),
+        "size": e.size,
+    }
 
 
 async def _read_file(env: Env, args: ReadFileArgs) -> TextFile | BinaryFile:
     policy = env.policy
-    path = args.path
     fs = await env.module()
+    path = (await env.paths()).show(args.path)
     # One module call: the provider checks the size cap before reading a byte.
     try:
-        data = await fs.read_file(path, max_bytes=policy.max_file_bytes)
+        data = await fs.read_file(args.path, max_bytes=policy.max_file_bytes)
     except OperationError as exc:
         if exc.code == "too_large":
             raise OperationError(
@@ -223,7 +254,7 @@ async def _write_file(env: Env, args: WriteFileArgs) -> Data:
         )
     fs = await env.module()
     await fs.write_file(args.path, data)
-    return {"path": args.path, "bytes_written": len(data)}
+    return {"path": (await env.paths()).show(args.path), "bytes_written": len(data)}
 
 
 async def _edit_file(env: Env, args: EditFileArgs) -> Data:
@@ -233,20 +264,22 @@ async def _edit_file(env: Env, args: EditFileArgs) -> Data:
     count = await fs.edit_file(
         args.path, args.old_text, args.new_text, replace_all=args.replace_all
     )
-    return {"path": args.path, "replacements": count}
+    return {"path": (await env.paths()).show(args.path), "replacements": count}
 
 
 async def _ls(env: Env, args: LsArgs) -> Data:
     fs = await env.module()
     entries = await fs.ls(args.path)
-    return {"path": args.path, "entries": [_entry(e) for e in entries]}
+    view = await env.paths()
+    return {"path": view.show(args.path), "entries": [_entry(e, view) for e in entries]}
 
 
 async def _glob(env: Env, args: GlobArgs) -> Data:
     fs = await env.module()
     matches = list(await fs.glob(args.pattern, args.path))
     truncated = len(matches) > MAX_GLOB_RESULTS
-    return {"matches": matches[:MAX_GLOB_RESULTS], "truncated": truncated}
+    view = await env.paths()
+    return {"matches": [view.show(m) for m in matches[:MAX_GLOB_RESULTS]], "truncated": truncated}
 
 
 async def _grep(env: Env, args: GrepArgs) -> Data:
@@ -259,17 +292,18 @@ async def _grep(env: Env, args: GrepArgs) -> Data:
     )
     fs = await env.module()
     result = await fs.grep(matcher, options)
+    view = await env.paths()
     return {
         "matches": [
             {
-                "path": m.path,
+                "path": view.show(m.path),
                 "line_number": m.line_number,
                 "line": m.line if len(m.line) <= MAX_GREP_LINE else m.line[:MAX_GREP_LINE] + "…",
             }
             for m in result.matches
         ],
-        "skipped_paths": list(result.skipped_paths),
-        "skipped_binary_paths": list(result.skipped_binary_paths),
+        "skipped_paths": [view.show(p) for p in result.skipped_paths],
+        "skipped_binary_paths": [view.show(p) for p in result.skipped_binary_paths],
         "truncated": result.truncated,
     }
 
@@ -278,8 +312,8 @@ async def _stat(env: Env, args: PathArgs) -> Data:
     fs = await env.module()
     st = await fs.stat(args.path)
     return {
-        "path": st.path,
-        "type": st.type,
+        "path": (await env.paths()).show(st.path),
+        "type": _checked_type(st.type),
         "size": st.size,
         "mtime": st.mtime,
         "mode": oct(st.mode),
@@ -289,7 +323,7 @@ async def _stat(env: Env, args: PathArgs) -> Data:
 async def _mkdir(env: Env, args: MkdirArgs) -> Data:
     fs = await env.module()
     await fs.mkdir(args.path, parents=args.parents)
-    return {"path": args.path, "created": True}
+    return {"path": (await env.paths()).show(args.path), "created": True}
 
 
 async def _rm(env: Env, args: RmArgs) -> Data:
@@ -297,7 +331,7 @@ async def _rm(env: Env, args: RmArgs) -> Data:
         raise OperationError("refusing to remove the workspace root", code="invalid_argument")
     fs = await env.module()
     await fs.rm(args.path, recursive=args.recursive)
-    return {"path": args.path, "removed": True}
+    return {"path": (await env.paths()).show(args.path), "removed": True}
 
 
 def fs_tools(policy: FsPolicy) -> list[ToolSpec[FsPolicy, FileSystem]]:
@@ -310,6 +344,8 @@ def fs_tools(policy: FsPolicy) -> list[ToolSpec[FsPolicy, FileSystem]]:
             "through large files; 'truncated' tells whether more remains.",
             ReadFileArgs,
             _read_file,
+            hints=meta.READS,
+            output_schema=meta.READ_FILE,
             render=render_read,
         ),
         ToolSpec(
@@ -317,6 +353,8 @@ def fs_tools(policy: FsPolicy) -> list[ToolSpec[FsPolicy, FileSystem]]:
             "List a workspace directory: name, path, type and size of each entry.",
             LsArgs,
             _ls,
+            hints=meta.READS,
+            output_schema=meta.LS,
         ),
         ToolSpec(
             "workspace_glob",
@@ -324,6 +362,8 @@ def fs_tools(policy: FsPolicy) -> list[ToolSpec[FsPolicy, FileSystem]]:
             "relative to path (default /). Example: **/*.py",
             GlobArgs,
             _glob,
+            hints=meta.READS,
+            output_schema=meta.GLOB,
         ),
         ToolSpec(
             "workspace_grep",
@@ -332,12 +372,16 @@ def fs_tools(policy: FsPolicy) -> list[ToolSpec[FsPolicy, FileSystem]]:
             "and skipped files are listed so 'no match' is never ambiguous.",
             GrepArgs,
             _grep,
+            hints=meta.READS,
+            output_schema=meta.GREP,
         ),
         ToolSpec(
             "workspace_stat",
             "Describe a path: type (file, dir, symlink, other), size, mtime, mode.",
             PathArgs,
             _stat,
+            hints=meta.READS,
+            output_schema=meta.STAT,
         ),
     ]
     if policy.read_only:
@@ -349,6 +393,8 @@ def fs_tools(policy: FsPolicy) -> list[ToolSpec[FsPolicy, FileSystem]]:
             "or base64 with encoding='base64'. The write is atomic.",
             WriteFileArgs,
             _write_file,
+            hints=meta.OVERWRITES,
+            output_schema=meta.WRITE_FILE,
         ),
         ToolSpec(
             "workspace_edit_file",
@@ -356,18 +402,24 @@ def fs_tools(policy: FsPolicy) -> list[ToolSpec[FsPolicy, FileSystem]]:
             "appears more than once unless replace_all is true.",
             EditFileArgs,
             _edit_file,
+            hints=meta.DESTROYS,
+            output_schema=meta.EDIT_FILE,
         ),
         ToolSpec(
             "workspace_mkdir",
             "Create a directory; parents=true creates missing parents and accepts an existing one.",
             MkdirArgs,
             _mkdir,
+            hints=meta.ADDS,
+            output_schema=meta.MKDIR,
         ),
         ToolSpec(
             "workspace_rm",
             "Remove a file or empty directory; recursive=true removes a directory tree.",
             RmArgs,
             _rm,
+            hints=meta.OVERWRITES,
+            output_schema=meta.RM,
         ),
     ]
     return read[:1] + write[:2] + read[1:] + write[2:]

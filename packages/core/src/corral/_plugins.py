@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import inspect
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -15,11 +16,14 @@ import pluggy
 from . import hookspecs
 from ._capabilities import AnyCapability
 from ._data import names
+from ._echo import echo_if_short
 from ._errors import ConfigError
 from ._protocols import WorkspaceProvider
 
 __all__ = [
     "BLOCK_ENV",
+    "KNOWN_COMMANDS",
+    "KNOWN_PROVIDERS",
     "CliCommand",
     "PluginSet",
     "ProviderSpec",
@@ -30,6 +34,31 @@ log = logging.getLogger("corral.plugins")
 
 BLOCK_ENV: Final = "CORRAL_DISABLE_PLUGINS"
 """Comma-separated entry-point names that are not loaded (like tox's and pytest's -p no:)."""
+
+KNOWN_PROVIDERS: Final[Mapping[str, str]] = {
+    "in-memory": "corral-memory",
+    "local-bash": "corral-local-bash",
+    "local-sandbox": "corral-local-sandbox",
+    "docker": "corral-docker",
+}
+"""Provider kinds this project publishes -> the distribution that ships each.
+
+An unknown kind is answered with the right ``pip install`` only when it is one
+of these; for any other kind corral cannot know which wheel provides it.
+"""
+
+KNOWN_COMMANDS: Final[Mapping[str, str]] = {
+    "mcp": "corral-mcp",
+    "conformance": "corral-conformance",
+}
+"""CLI verbs this project's optional distributions add -> the distribution to install."""
+
+Probe = Callable[[], "str | None"]
+"""A cheap availability check: None when the provider can run here now, else why not."""
+
+
+def _policy_defaults(value: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {name: dict(options) for name, options in value.items()}
 
 
 @attrs.frozen
@@ -43,6 +72,18 @@ class ProviderSpec:
         capabilities: Capabilities the provider can populate.
         summary: One line for ``corral providers``.
         distribution: The distribution that ships it, for version display.
+        probe: Says cheaply (well under a second, no workspace created) whether
+            the provider can run on this machine now: None when it can, else a
+            one-line reason with advice ("bubblewrap is not installed: apt
+            install bubblewrap"). ``corral providers`` shows it; None (no probe)
+            means "assumed available".
+        outlives_process: Its workspaces survive the process that opened them,
+            so a stored ref can be resumed later (``corral call``). False for
+            in-memory workspaces, which the CLI then never stores as resumable.
+        policy_defaults: Per-capability option defaults that fit this
+            provider's boundary, applied under the user's own options (e.g.
+            ``{"shell": {"allow_shell_syntax": True}}`` where a kernel boundary
+            contains every command). Empty means core's policy defaults.
     """
 
     kind: str
@@ -50,6 +91,11 @@ class ProviderSpec:
     capabilities: frozenset[str] = attrs.field(converter=names)
     summary: str = ""
     distribution: str | None = None
+    probe: Probe | None = attrs.field(default=None, kw_only=True, eq=False)
+    outlives_process: bool = attrs.field(default=True, kw_only=True)
+    policy_defaults: Mapping[str, Mapping[str, Any]] = attrs.field(
+        factory=dict, kw_only=True, converter=_policy_defaults
+    )
 
     @property
     def version(self) -> str | None:
@@ -61,12 +107,65 @@ class ProviderSpec:
         except importlib.metadata.PackageNotFoundError:
             return None
 
-    def create(self, options: Mapping[str, Any] | None = None) -> WorkspaceProvider:
-        """Build the provider; option errors become :class:`ConfigError`."""
+    def availability(self) -> str | None:
+        """Run :attr:`probe`: None when the provider can run here now, else why not.
+
+        A probe that raises counts as "not available" with the exception's
+        type, so a broken probe never breaks ``corral providers``.
+        """
+        if self.probe is None:
+            return None
         try:
-            return self.factory(**dict(options or {}))
-        except TypeError as exc:
-            raise ConfigError(f"provider {self.kind}: bad options ({exc})") from None
+            return self.probe()
+        except Exception as exc:
+            return f"availability probe failed ({type(exc).__name__})"
+
+    def option_names(self) -> tuple[str, ...] | None:
+        """The keyword options :attr:`factory` accepts, or None when it takes any."""
+        try:
+            params = inspect.signature(self.factory).parameters.values()
+        except (TypeError, ValueError):
+            return None
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            return None
+        return tuple(
+            p.name
+            for p in params
+            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        )
+
+    def create(self, options: Mapping[str, Any] | None = None) -> WorkspaceProvider:
+        """Build the provider from keyword options.
+
+        Raises:
+            ConfigError: ``options`` is not a mapping of names, names an option
+                the factory does not take (the message lists the valid ones),
+                or the factory refused a value.
+        """
+        if options is not None and not isinstance(options, Mapping):
+            raise ConfigError(f"provider {self.kind}: options must be an object of names")
+        opts = dict(options or {})
+        valid = self.option_names()
+        known = ", ".join(valid) if valid else "none"
+        for key in opts:
+            if not isinstance(key, str) or (valid is not None and key not in valid):
+                raise ConfigError(
+                    f"provider {self.kind}: bad options: unknown option {echo_if_short(key)!r} "
+                    f"(valid options: {known})"
+                )
+        try:
+            return self.factory(**opts)
+        except ConfigError:
+            raise
+        except ValueError as exc:
+            # A factory's ValueError is its sentence about a value the user gave.
+            raise ConfigError(f"provider {self.kind}: bad options: {str(exc)[:300]}") from None
+        except TypeError:
+            # A TypeError's text names internal classes and signatures, not the option.
+            raise ConfigError(
+                f"provider {self.kind}: bad options: an option has the wrong type "
+                f"(valid options: {known})"
+            ) from None
 
 
 @attrs.frozen
@@ -110,10 +209,15 @@ class PluginSet:
             broken = "".join(
                 f"; plugin {n!r} failed to load: {why}" for n, why in self.failed.items()
             )
-            shown = kind if len(kind) <= 64 and kind.isprintable() else "?"
+            dist = KNOWN_PROVIDERS.get(kind)
+            advice = (
+                f"install it: pip install {dist}"
+                if dist is not None
+                else "install the distribution that provides it"
+            )
             raise ConfigError(
-                f"unknown provider kind {shown!r} (installed: {known}); install its package, "
-                f"e.g. pip install corral-local-bash{broken}"
+                f"unknown provider kind {echo_if_short(kind)!r} "
+                f"(installed: {known}); {advice}{broken}"
             ) from None
 
 

@@ -10,6 +10,12 @@ Every name of 1 to 255 UTF-8 bytes without ``/`` or NUL (other than ``.`` and
 ``..``) is legal; names are case-sensitive and kept exactly as given (no
 Unicode normalisation), and file contents are arbitrary bytes.
 
+A workspace whose commands see its root at an absolute path (``/workspace``
+in a sandbox or container, the host directory without a boundary) says so in
+``details()["workspace_path"]``; the tool layer shows the model every path
+under it, so file tools and commands share one namespace (``corral._mount``).
+Modules themselves keep taking and returning the ``/``-rooted view.
+
 FileSystem:
 
 * ``read_file``: missing -> ``not_found``; a directory -> ``is_a_directory``;
@@ -44,7 +50,7 @@ FileSystem:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
@@ -53,6 +59,7 @@ from ._data import (
     ExecResult,
     FileEntry,
     FileStat,
+    FileType,
     GrepOptions,
     GrepResult,
     ProviderConfig,
@@ -68,6 +75,8 @@ __all__ = [
     "OpenedWorkspace",
     "Shell",
     "Snapshotter",
+    "VersionChange",
+    "Versions",
     "Workspace",
     "WorkspaceProvider",
 ]
@@ -193,6 +202,74 @@ class Snapshotter(Protocol):
 
     async def branch(self, snapshot_id: str) -> WorkspaceRef:
         """Create a separate workspace seeded from a snapshot and return its ref."""
+        ...
+
+
+@attrs.frozen
+class VersionChange:
+    """One entry that differs between two versions of a workspace (see :meth:`Versions.diff`).
+
+    Attributes:
+        path: Agent-view path.
+        change: ``added``, ``removed`` or ``modified`` (same path, different
+            type, content, symlink target or permission mode).
+        type: The entry's type in the newer state (in the older one for ``removed``).
+        old_size: File size before (``None`` when added; 0 for non-files).
+        new_size: File size after (``None`` when removed; 0 for non-files).
+    """
+
+    path: str
+    change: Literal["added", "removed", "modified"]
+    type: FileType
+    old_size: int | None = None
+    new_size: int | None = None
+
+
+@runtime_checkable
+class Versions(Snapshotter, Protocol):
+    """A :class:`Snapshotter` whose snapshots can be read and compared without restoring them.
+
+    Snapshots are *versions*: immutable once taken. Everything here reads the
+    stored version only; nothing starts, restores or changes the live
+    workspace, and (for providers that keep versions outside the box) it
+    works while no command runs in the workspace.
+
+    * ``read_file_at``, ``ls_at``, ``stat_at`` and ``grep_at`` answer exactly
+      as the workspace's :class:`FileSystem` would have answered at the
+      moment of the snapshot (same errors: ``not_found``, ``is_a_directory``,
+      ``not_a_directory``, ``too_large``; a leaf symlink is stat-ed as a
+      symlink and never followed, and reading one is ``invalid_path``). The
+      ``mtime`` of ``stat_at`` is the snapshot's ``created_at``.
+    * ``diff(a, b)`` lists the entries that differ from version ``a`` to
+      version ``b`` (``b=None``: to the live workspace now), sorted by path,
+      one :class:`VersionChange` per entry (what lies under an added or
+      removed directory is listed entry by entry).
+    * An unknown id is ``not_found``. Content that fails verification (a
+      damaged or missing stored blob) is ``OperationError(code="failed")``
+      whose message names the version and the path; such content is never
+      returned or restored.
+    """
+
+    async def read_file_at(
+        self, snapshot_id: str, path: str, *, max_bytes: int | None = None
+    ) -> bytes:
+        """A file's content as it was in a version."""
+        ...
+
+    async def ls_at(self, snapshot_id: str, path: str = "/") -> Sequence[FileEntry]:
+        """A directory's listing as it was in a version, sorted by name."""
+        ...
+
+    async def stat_at(self, snapshot_id: str, path: str) -> FileStat:
+        """A path's metadata as it was in a version (a leaf symlink is not followed)."""
+        ...
+
+    async def grep_at(self, snapshot_id: str, matcher: Matcher, options: GrepOptions) -> GrepResult:
+        """Search a version's files as :meth:`FileSystem.grep` searches the live ones."""
+        ...
+
+    async def diff(self, a: str, b: str | None = None) -> Sequence[VersionChange]:
+        """What changed from version ``a`` to version ``b`` (or to the live workspace)."""
         ...
 
 

@@ -160,13 +160,16 @@ def _scan_candidate_lines(
     return found
 
 
-class _RegexModuleMatcher:
-    def __init__(
-        self, compiled: Any, pattern: str, timeout_s: float, prefilter: Prefilter | None
-    ) -> None:
+class _PrefilteredMatcher:
+    """What core's matchers share: the source pattern and the prefiltered bytes path.
+
+    Subclasses supply :meth:`search_lines`; a file the prefilter rules out is
+    never decoded.
+    """
+
+    def __init__(self, compiled: Any, pattern: str, prefilter: Prefilter | None) -> None:
         self._compiled = compiled
         self._pattern = pattern
-        self._timeout_s = timeout_s
         self._prefilter = prefilter
 
     @property
@@ -178,6 +181,17 @@ class _RegexModuleMatcher:
         if self._prefilter is not None and not self._prefilter.in_data(data):
             return []
         return self.search_lines(data.decode("utf-8", errors="replace"), limit)
+
+    def search_lines(self, text: str, limit: int) -> list[tuple[int, str]]:
+        raise NotImplementedError
+
+
+class _RegexModuleMatcher(_PrefilteredMatcher):
+    def __init__(
+        self, compiled: Any, pattern: str, timeout_s: float, prefilter: Prefilter | None
+    ) -> None:
+        super().__init__(compiled, pattern, prefilter)
+        self._timeout_s = timeout_s
 
     def search_lines(self, text: str, limit: int) -> list[tuple[int, str]]:
         deadline = time.monotonic() + self._timeout_s
@@ -232,22 +246,7 @@ class RegexModuleEngine:
         return _RegexModuleMatcher(compiled, pattern, self.timeout_s, prefilter)
 
 
-class _Re2Matcher:
-    def __init__(self, compiled: Any, pattern: str, prefilter: Prefilter | None) -> None:
-        self._compiled = compiled
-        self._pattern = pattern
-        self._prefilter = prefilter
-
-    @property
-    def pattern(self) -> str:
-        return self._pattern
-
-    def search_bytes(self, data: bytes, limit: int) -> list[tuple[int, str]]:
-        """:meth:`search_lines` on ``data`` decoded as UTF-8 (errors replaced)."""
-        if self._prefilter is not None and not self._prefilter.in_data(data):
-            return []
-        return self.search_lines(data.decode("utf-8", errors="replace"), limit)
-
+class _Re2Matcher(_PrefilteredMatcher):
     def search_lines(self, text: str, limit: int) -> list[tuple[int, str]]:
         prefilter = self._prefilter
         if prefilter is not None and prefilter.single_line:

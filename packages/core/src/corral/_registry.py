@@ -24,7 +24,7 @@ import inspect
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
 from typing import Any, Final, Literal, Self, overload
@@ -34,7 +34,19 @@ import attrs
 
 from ._data import SessionRef, WorkspaceConfig, WorkspaceRef
 from ._errors import OperationError, WorkspaceFailedError
-from ._observe import HookDispatcher, NoopMetrics, WorkspaceEvent, WorkspaceMetrics, guarded
+from ._observe import (
+    Event,
+    EventSink,
+    EventStream,
+    LogSink,
+    OpenRetrying,
+    RegistryState,
+    StateChanged,
+    WorkspaceClosed,
+    WorkspaceEvicted,
+    WorkspaceOpened,
+    WorkspaceOpenFailed,
+)
 from ._protocols import (
     CodeInterpreter,
     FileSystem,
@@ -49,7 +61,6 @@ __all__ = ["RegistrySnapshot", "RegistryState", "ScopedWorkspace", "WorkspaceReg
 
 log = logging.getLogger("corral.registry")
 
-RegistryState = Literal["configured", "opening", "open", "closing", "closed", "failed", "evicted"]
 PersistRef = Callable[[WorkspaceRef | None], Awaitable[None] | None]
 
 MAX_TOTAL_BACKOFF_S: Final = 10.0
@@ -68,7 +79,7 @@ class RegistrySnapshot:
     last_attempt_at: float | None = None
     last_error: str | None = None
     declared: tuple[str, ...] = ()
-    hooks_dropped: int = 0
+    events_dropped: int = 0
     details: dict[str, Any] = attrs.field(factory=dict)
 
 
@@ -112,6 +123,14 @@ class ScopedWorkspace:
     def module(self, name: str) -> object | None:
         """Any declared module by name."""
         return self._inner.module(name) if name in self._modules else None
+
+    def details(self) -> Mapping[str, Any]:
+        """The provider's facts about the workspace (``details()``), or nothing.
+
+        The tool layer reads the commands' view of the root from them (see
+        ``corral._mount``).
+        """
+        return _provider_details(self._inner)
 
     @overload
     def require(self, name: Literal["fs"]) -> FileSystem: ...
@@ -162,9 +181,11 @@ class WorkspaceRegistry:
         reset_after_s: A failed entry older than this reopens on ``get``.
         close_timeout_s: Bound on ``close``.
         open_limiter: Bounds concurrent opens, shareable across registries.
-        metrics: Metrics sink.
-        hooks: Objects with ``on_open``/``on_close``/... methods.
-        logger: Where lifecycle logs go.
+        observers: Event sinks (see ``corral._observe``): plain functions are
+            called inline and guarded, coroutine functions are awaited through
+            a bounded queue while the registry is entered. Wrap metrics and
+            usage recorders in ``MetricsSink``/``UsageSink``.
+        logger: Where lifecycle logs go (through a ``LogSink``, always subscribed).
     """
 
     def __init__(
@@ -180,8 +201,7 @@ class WorkspaceRegistry:
         reset_after_s: float | None = None,
         close_timeout_s: float = 30.0,
         open_limiter: anyio.CapacityLimiter | None = None,
-        metrics: WorkspaceMetrics | None = None,
-        hooks: Iterable[object] = (),
+        observers: Iterable[EventSink] = (),
         logger: logging.Logger | None = None,
     ) -> None:
         if provider.provider_id != config.provider.kind:
@@ -200,9 +220,8 @@ class WorkspaceRegistry:
         self._reset_after = reset_after_s
         self._close_timeout = close_timeout_s
         self._limiter = open_limiter
-        self.metrics: WorkspaceMetrics = metrics or NoopMetrics()
         self.log = logger or log
-        self.hooks = HookDispatcher(list(hooks), self.metrics)
+        self._events = EventStream([LogSink(self.log), *observers])
         self._state: RegistryState = "configured"
         self._ws: Workspace | None = None
         self._retired: list[Workspace] = []
@@ -219,8 +238,8 @@ class WorkspaceRegistry:
     async def __aenter__(self) -> Self:
         self._stack = AsyncExitStack()
         await self._stack.__aenter__()
-        await self._stack.enter_async_context(self.hooks_running())
-        self._stack.push_async_callback(self.close)  # runs first: on_close still reaches hooks
+        await self._stack.enter_async_context(self.delivering_events())
+        self._stack.push_async_callback(self.close)  # runs first: its event still reaches sinks
         return self
 
     async def __aexit__(
@@ -232,21 +251,53 @@ class WorkspaceRegistry:
         await self._stack.__aexit__(exc_type, exc, tb)
 
     @asynccontextmanager
-    async def hooks_running(self) -> AsyncIterator[None]:
-        """Run the async-hook dispatcher for the duration of the block.
+    async def delivering_events(self) -> AsyncIterator[None]:
+        """Deliver events to async observers for the duration of the block.
 
-        Needed only when some hook is a coroutine function; events emitted
-        while no dispatcher runs are dropped and counted.
+        Needed only when some observer is a coroutine function; their events
+        emitted outside such a block are dropped and counted. ``async with
+        registry`` and ``open_workspace`` enter it for you.
         """
-        if not self.hooks.has_async:
+        async with self._events.running():
             yield
-            return
-        async with anyio.create_task_group() as tg:
-            await tg.start(self.hooks.run)
-            try:
-                yield
-            finally:
-                await self.hooks.drain(tg.cancel_scope)
+
+    # -- events -------------------------------------------------------------
+
+    @property
+    def session_id(self) -> str:
+        """The owning session's id (every event carries it)."""
+        return self.session.session_id
+
+    @property
+    def provider_id(self) -> str:
+        """The provider's id (every event carries it)."""
+        return self.provider.provider_id
+
+    def subscribe(self, sink: EventSink) -> None:
+        """Add an observer after construction (it sees events from now on)."""
+        self._events.subscribe(sink)
+
+    def emit(self, event: Event) -> None:
+        """Publish an event to every observer; never raises, never waits.
+
+        The one path every observation takes: the registry's own lifecycle
+        events and the tool layer's (tool calls, eviction retries, capability
+        reports) alike.
+        """
+        self._events.emit(event)
+
+    def _set_state(self, state: RegistryState) -> None:
+        previous = self._state
+        self._state = state
+        if previous != state:
+            self.emit(
+                StateChanged(
+                    session_id=self.session.session_id,
+                    provider_id=self.provider.provider_id,
+                    previous=previous,
+                    current=state,
+                )
+            )
 
     # -- state --------------------------------------------------------------
 
@@ -278,7 +329,7 @@ class WorkspaceRegistry:
             last_attempt_at=self._last_attempt,
             last_error=self._error.message if self._error else None,
             declared=tuple(sorted(self.declared)),
-            hooks_dropped=self.hooks.dropped,
+            events_dropped=self._events.dropped,
             details=details,
         )
 
@@ -295,7 +346,7 @@ class WorkspaceRegistry:
         if self._state in ("closing", "closed"):
             raise WorkspaceFailedError("the workspace registry is closed")
         if self._state in ("failed", "evicted", "configured"):
-            self._state = "configured"
+            self._set_state("configured")
             self._error = None
             if discard_ref:
                 self._ref = None
@@ -305,10 +356,16 @@ class WorkspaceRegistry:
         """Record that the live workspace's backing resource is gone."""
         if self._state != "open":
             return
-        self._state = "evicted"
+        workspace_id = self._ws.id if self._ws is not None else None
         self._ws = None
-        guarded("inc_eviction", self.metrics.inc_eviction, self.provider.provider_id)
-        self._emit("on_evicted")
+        self._set_state("evicted")
+        self.emit(
+            WorkspaceEvicted(
+                session_id=self.session.session_id,
+                provider_id=self.provider.provider_id,
+                workspace_id=workspace_id,
+            )
+        )
 
     # -- get ------------------------------------------------------------------
 
@@ -342,21 +399,21 @@ class WorkspaceRegistry:
             if not cooled:
                 raise self._error
             self.log.info("workspace registry: auto-reset after cooldown")
-            self._state = "configured"
-        self._state = "opening"
+            self._set_state("configured")
+        self._set_state("opening")
         try:
             ws = await self._open_with_retries()
         except WorkspaceFailedError as exc:
-            self._state = "failed"
             self._error = exc
             self._failed_at = time.monotonic()
+            self._set_state("failed")
             raise
         except BaseException:
-            self._state = "configured"  # cancelled: nothing was decided
+            self._set_state("configured")  # cancelled: nothing was decided
             raise
         self._ws = ws
-        self._state = "open"
         self._error = None
+        self._set_state("open")
         return ws
 
     async def _open_with_retries(self) -> Workspace:
@@ -371,11 +428,14 @@ class WorkspaceRegistry:
                 delay = min(budget, 0.2 * 2**attempt) * random.uniform(0.5, 1.0)  # noqa: S311
                 budget -= delay
                 attempt += 1
-                self.log.warning(
-                    "workspace registry: transient failure, retry %d/%d in %.2fs",
-                    attempt,
-                    self._attempts,
-                    delay,
+                self.emit(
+                    OpenRetrying(
+                        session_id=self.session.session_id,
+                        provider_id=self.provider.provider_id,
+                        attempt=attempt,
+                        max_attempts=self._attempts,
+                        delay_s=delay,
+                    )
                 )
                 await anyio.sleep(delay)
 
@@ -392,9 +452,15 @@ class WorkspaceRegistry:
                 ws, ref = await self._call_provider()
             self._check_contract(ws, ref)
         except WorkspaceFailedError as exc:
-            guarded("inc_open", self.metrics.inc_open, provider_id, "failed")
-            self.log.warning(
-                "workspace %s failed: %s", "resolve" if resolving else "open", exc.message
+            self.emit(
+                WorkspaceOpenFailed(
+                    session_id=self.session.session_id,
+                    provider_id=provider_id,
+                    resolved=resolving,
+                    error=exc.message,
+                    transient=exc.transient,
+                    duration_ms=(time.perf_counter() - started) * 1000,
+                )
             )
             raise
         if not resolving:
@@ -403,10 +469,15 @@ class WorkspaceRegistry:
         now = time.time()
         self._opened_at = self._opened_at or now
         self._last_success = now
-        ms = (time.perf_counter() - started) * 1000
-        guarded("inc_open", self.metrics.inc_open, provider_id, "ok")
-        guarded("observe_open_latency_ms", self.metrics.observe_open_latency_ms, provider_id, ms)
-        self._emit("on_open", workspace_id=ws.id, detail={"resolved": resolving, "ms": ms})
+        self.emit(
+            WorkspaceOpened(
+                session_id=self.session.session_id,
+                provider_id=provider_id,
+                workspace_id=ws.id,
+                resolved=resolving,
+                duration_ms=(time.perf_counter() - started) * 1000,
+            )
+        )
         return ws
 
     async def _call_provider(self) -> tuple[Workspace, WorkspaceRef]:
@@ -474,7 +545,7 @@ class WorkspaceRegistry:
             if previous_ws is not None and previous_ws is not ws:
                 self._retired.append(previous_ws)
             self._ws = ws
-            self._state = "open"
+            self._set_state("open")
             await self._persist_ref(ref)
 
     async def close(self) -> None:
@@ -486,11 +557,13 @@ class WorkspaceRegistry:
         async with self._lock:
             if self._state in ("closing", "closed"):
                 return
-            self._state = "closing"
+            started = time.perf_counter()
+            workspace_id = self._ws.id if self._ws is not None else None
+            self._set_state("closing")
             workspaces = [w for w in (*self._retired, self._ws) if w is not None]
             self._ws = None
             self._retired.clear()
-            status = "ok"
+            status: Literal["ok", "timeout", "error"] = "ok"
             with anyio.move_on_after(self._close_timeout, shield=True) as scope:
                 for ws in workspaces:
                     try:
@@ -500,15 +573,21 @@ class WorkspaceRegistry:
                         self.log.exception("workspace close failed")
             if scope.cancelled_caught:
                 status = "timeout"
-                self.log.error("workspace close exceeded %.1fs; abandoned", self._close_timeout)
-            self._state = "closed"
+            self._set_state("closed")
             had_workspace = bool(workspaces) or self._ref is not None
             if self._ref is not None:
                 self._ref = None
                 await self._persist_ref(None)
             if had_workspace:
-                guarded("inc_close", self.metrics.inc_close, self.provider.provider_id, status)
-                self._emit("on_close", status=status)
+                self.emit(
+                    WorkspaceClosed(
+                        session_id=self.session.session_id,
+                        provider_id=self.provider.provider_id,
+                        workspace_id=workspace_id,
+                        status=status,
+                        duration_ms=(time.perf_counter() - started) * 1000,
+                    )
+                )
 
     # -- helpers --------------------------------------------------------------
 
@@ -518,28 +597,3 @@ class WorkspaceRegistry:
         result = self._persist(ref)
         if inspect.isawaitable(result):
             await result
-
-    def _emit(
-        self,
-        hook: str,
-        *,
-        workspace_id: str | None = None,
-        status: str = "ok",
-        detail: dict[str, Any] | None = None,
-    ) -> None:
-        if workspace_id is None and self._ws is not None:
-            workspace_id = self._ws.id
-        self.hooks.emit(
-            WorkspaceEvent(
-                hook=hook,
-                session_id=self.session.session_id,
-                provider_id=self.provider.provider_id,
-                workspace_id=workspace_id,
-                status=status,
-                detail=detail or {},
-            )
-        )
-
-    def emit(self, hook: str, *, status: str = "ok", detail: dict[str, Any] | None = None) -> None:
-        """Fire a lifecycle hook on behalf of the tool layer (snapshot, eviction retry)."""
-        self._emit(hook, status=status, detail=detail)

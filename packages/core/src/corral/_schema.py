@@ -21,6 +21,15 @@ field, so a capability author learns at import time, not from a model.
 Validation is strict and happens before any I/O: a string is not a list, a
 bool is not an int, unknown and missing keys are errors. Each error names the
 argument and the rule and never echoes the value.
+
+``args_schema(cls, strict=True)`` compiles the *strict-mode* form that OpenAI's
+structured outputs (and the OpenAI Agents SDK's default) require: every
+property listed in ``required`` (an optional one becomes nullable and
+``null`` means its default), no ``default`` keyword (the default is said in
+the description instead), no string length keywords, and no open maps: a
+``dict[str, X]`` argument becomes a list of ``{"name", "value"}`` objects. Its
+validator accepts that form and the ordinary one, so a strict-mode model and
+any other caller can share one tool.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from typing import Annotated, Final, Generic, Literal, TypeVar, Union, get_args,
 import attrs
 from attrs import AttrsInstance
 
+from ._echo import echo_if_short
 from ._errors import OperationError
 from ._paths import normalize_path
 
@@ -47,6 +57,9 @@ JsonSchema = dict[str, object]
 
 Check = Callable[[object], object]
 """Validates one value and returns it in its final form (raises :class:`_Invalid`)."""
+
+_OMIT: Final = object()
+"""What a strict-mode check returns for ``null``: the argument takes its default."""
 
 
 def _choices(value: Sequence[str | int] | None) -> tuple[str | int, ...] | None:
@@ -105,10 +118,6 @@ class _Invalid(Exception):
         self.where = where
 
 
-def _shown(key: str) -> str:
-    return key if len(key) <= 64 and key.isprintable() else "?"
-
-
 def _invalid_argument(where: str, rule: str) -> OperationError:
     return OperationError(f"argument {where!r}: {rule}", code="invalid_argument")
 
@@ -150,9 +159,11 @@ class ArgsSchema(Generic[ArgsT]):
             if check is None:
                 raise self._unknown(key)
             try:
-                values[key] = check(item)
+                value = check(item)
             except _Invalid as exc:
                 raise _invalid_argument(key + exc.where, exc.rule) from None
+            if value is not _OMIT:
+                values[key] = value
         for name in self._required:
             if name not in values:
                 raise OperationError(f"missing required argument {name!r}", code="invalid_argument")
@@ -174,17 +185,22 @@ class ArgsSchema(Generic[ArgsT]):
             return OperationError("argument keys must be strings", code="invalid_argument")
         known = ", ".join(sorted(self._checks)) or "none"
         return OperationError(
-            f"unknown argument {_shown(key)!r} (expected: {known})", code="invalid_argument"
+            f"unknown argument {echo_if_short(key)!r} (expected: {known})", code="invalid_argument"
         )
 
 
-def args_schema(cls: type[ArgsT], refine: Mapping[str, Arg] | None = None) -> ArgsSchema[ArgsT]:
+def args_schema(
+    cls: type[ArgsT], refine: Mapping[str, Arg] | None = None, *, strict: bool = False
+) -> ArgsSchema[ArgsT]:
     """Compile (once) the schema and validator of an arguments class.
 
     Args:
         cls: A frozen attrs class whose fields are the tool's arguments.
         refine: Per-argument constraints merged over the class's own, for
             what a policy decides (``{"language": Arg(choices=("python",))}``).
+        strict: Compile the strict-mode form (see the module docstring): the
+            schema OpenAI strict mode accepts, and a validator that takes
+            both that form and the ordinary one.
 
     Raises:
         TypeError: The class is not an attrs class, a field type is not
@@ -192,11 +208,13 @@ def args_schema(cls: type[ArgsT], refine: Mapping[str, Arg] | None = None) -> Ar
             names an argument the class does not have.
     """
     items = tuple(sorted((refine or {}).items()))
-    return _compile_class(cls, items)
+    return _compile_class(cls, items, strict)
 
 
 @functools.lru_cache(maxsize=512)
-def _compile_class(cls: type[ArgsT], refine: tuple[tuple[str, Arg], ...]) -> ArgsSchema[ArgsT]:
+def _compile_class(
+    cls: type[ArgsT], refine: tuple[tuple[str, Arg], ...], strict: bool
+) -> ArgsSchema[ArgsT]:
     if not attrs.has(cls):
         raise TypeError(f"tool arguments must be an attrs class, not {cls.__qualname__}")
     try:
@@ -229,10 +247,21 @@ def _compile_class(cls: type[ArgsT], refine: tuple[tuple[str, Arg], ...]) -> Arg
             tp, arg = _unwrap(tp, arg)
         if key in extra:
             arg = arg.merged(extra[key])
-        schema, check = _compile(tp, arg, where)
-        if arg.description:
-            schema["description"] = arg.description
-        if has_default and isinstance(f.default, str | int | float) and f.default is not None:
+        schema, check = _compile(tp, arg, where, strict)
+        description = arg.description
+        shown_default = has_default and isinstance(f.default, str | int | float)
+        if strict and has_default:
+            # Strict mode lists every property as required and has no
+            # ``default`` keyword: an optional argument is nullable, null
+            # means the default, and the description names it.
+            if shown_default:
+                said = f"Default: {f.default!r}."
+                description = f"{description.rstrip('.')}. {said}" if description else said
+            schema = {"anyOf": [schema, {"type": "null"}]}
+            check = _nullable(check)
+        if description:
+            schema["description"] = description
+        if shown_default and not strict:
             schema["default"] = f.default
         if not has_default:
             required.append(key)
@@ -241,11 +270,18 @@ def _compile_class(cls: type[ArgsT], refine: tuple[tuple[str, Arg], ...]) -> Arg
     document: JsonSchema = {
         "type": "object",
         "properties": properties,
-        "required": required,
+        "required": list(properties) if strict else required,
         "additionalProperties": False,
     }
     names = tuple((f.alias, f.name) for f in fields if f.init)
     return ArgsSchema(cls, document, checks=checks, required=tuple(required), names=names)
+
+
+def _nullable(check: Check) -> Check:
+    def nullable(value: object) -> object:
+        return _OMIT if value is None else check(value)
+
+    return nullable
 
 
 def _unwrap(tp: object, arg: Arg) -> tuple[object, Arg]:
@@ -279,10 +315,10 @@ _ARTICLE: Final = {
 }
 
 
-def _compile(tp: object, arg: Arg, where: str) -> tuple[JsonSchema, Check]:
+def _compile(tp: object, arg: Arg, where: str, strict: bool) -> tuple[JsonSchema, Check]:
     origin = get_origin(tp)
     if tp is str:
-        return _string(arg, where)
+        return _string(arg, where, strict)
     if tp is bool:
         _only(arg, where, "boolean")
         return {"type": "boolean"}, _boolean
@@ -291,9 +327,9 @@ def _compile(tp: object, arg: Arg, where: str) -> tuple[JsonSchema, Check]:
     if origin is Literal:
         return _literal(get_args(tp), arg, where)
     if origin in (list, tuple, Sequence):
-        return _array(tp, origin, arg, where)
+        return _array(tp, origin, arg, where, strict)
     if origin in (dict, Mapping):
-        return _object(tp, arg, where)
+        return _object(tp, arg, where, strict)
     raise TypeError(f"{where}: argument type {tp!r} is not supported")
 
 
@@ -311,7 +347,7 @@ def _boolean(value: object) -> object:
     return value
 
 
-def _string(arg: Arg, where: str) -> tuple[JsonSchema, Check]:
+def _string(arg: Arg, where: str, strict: bool) -> tuple[JsonSchema, Check]:
     _only(arg, where, "string", "min_length", "max_length", "choices", "path")
     schema: JsonSchema = {"type": "string"}
     lo, hi, path = arg.min_length, arg.max_length, arg.path
@@ -322,9 +358,10 @@ def _string(arg: Arg, where: str) -> tuple[JsonSchema, Check]:
             raise TypeError(f"{where}: choices of a string argument must be strings")
         schema["enum"] = list(arg.choices)
         listed = ", ".join(repr(c) for c in arg.choices)
-    if lo is not None:
+    # Strict mode refuses length keywords; the validator still enforces them.
+    if lo is not None and not strict:
         schema["minLength"] = lo
-    if hi is not None:
+    if hi is not None and not strict:
         schema["maxLength"] = hi
 
     def check(value: object) -> object:
@@ -410,7 +447,9 @@ def _literal(values: tuple[object, ...], arg: Arg, where: str) -> tuple[JsonSche
     return {"type": kind, "enum": list(values)}, check
 
 
-def _array(tp: object, origin: object, arg: Arg, where: str) -> tuple[JsonSchema, Check]:
+def _array(
+    tp: object, origin: object, arg: Arg, where: str, strict: bool
+) -> tuple[JsonSchema, Check]:
     params = get_args(tp)
     if origin is tuple and (len(params) != 2 or params[1] is not Ellipsis):
         raise TypeError(f"{where}: only tuple[X, ...] is supported")
@@ -418,7 +457,7 @@ def _array(tp: object, origin: object, arg: Arg, where: str) -> tuple[JsonSchema
         raise TypeError(f"{where}: say what the array holds (list[str])")
     _only(arg, where, "array", "max_items")
     item_tp, item_arg = _unwrap(params[0], Arg())
-    item_schema, item_check = _compile(item_tp, item_arg, f"{where}[]")
+    item_schema, item_check = _compile(item_tp, item_arg, f"{where}[]", strict)
     schema: JsonSchema = {"type": "array", "items": item_schema}
     most = arg.max_items
     if most is not None:
@@ -441,17 +480,21 @@ def _array(tp: object, origin: object, arg: Arg, where: str) -> tuple[JsonSchema
     return schema, check
 
 
-def _object(tp: object, arg: Arg, where: str) -> tuple[JsonSchema, Check]:
+def _object(tp: object, arg: Arg, where: str, strict: bool) -> tuple[JsonSchema, Check]:
     params = get_args(tp)
     if len(params) != 2 or params[0] is not str:
         raise TypeError(f"{where}: only dict[str, X] is supported")
     _only(arg, where, "object")
     value_tp, value_arg = _unwrap(params[1], Arg())
-    value_schema, value_check = _compile(value_tp, value_arg, f"{where}{{}}")
+    value_schema, value_check = _compile(value_tp, value_arg, f"{where}{{}}", strict)
 
     def check(value: object) -> object:
+        if strict and isinstance(value, list | tuple):
+            value = _pairs(value)
         if not isinstance(value, Mapping):
-            raise _Invalid("expected an object")
+            raise _Invalid(
+                "expected an array of {name, value} objects" if strict else "expected an object"
+            )
         out: dict[str, object] = {}
         for key, item in value.items():
             if not isinstance(key, str):
@@ -459,10 +502,34 @@ def _object(tp: object, arg: Arg, where: str) -> tuple[JsonSchema, Check]:
             try:
                 out[key] = value_check(item)
             except _Invalid as exc:
-                raise _Invalid(exc.rule, f".{_shown(key)}{exc.where}") from None
+                raise _Invalid(exc.rule, f".{echo_if_short(key)}{exc.where}") from None
         return out
 
+    if strict:
+        # Strict mode has no open maps: the same map as a list of entries.
+        entry: JsonSchema = {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "value": value_schema},
+            "required": ["name", "value"],
+            "additionalProperties": False,
+        }
+        return {"type": "array", "items": entry}, check
     return {"type": "object", "additionalProperties": value_schema}, check
+
+
+def _pairs(entries: Sequence[object]) -> dict[object, object]:
+    """A strict-mode map (``[{"name": k, "value": v}, ...]``) as a mapping."""
+    out: dict[object, object] = {}
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Mapping) or set(entry) != {"name", "value"}:
+            raise _Invalid("expected an object with exactly 'name' and 'value'", f"[{i}]")
+        name = entry["name"]
+        if not isinstance(name, str):
+            raise _Invalid("'name' must be a string", f"[{i}]")
+        if name in out:
+            raise _Invalid("a name appears twice", f"[{i}]")
+        out[name] = entry["value"]
+    return out
 
 
 WorkspacePath = Annotated[

@@ -9,9 +9,11 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
+from ._bridges import AnthropicTool, OpenAIResponsesTool, OpenAITool
 from ._data import ProviderConfig, SessionRef, WorkspaceConfig, WorkspaceRef
-from ._errors import ConfigError
-from ._observe import UsageRecorder, WorkspaceMetrics
+from ._errors import ConfigError, WorkspaceError
+from ._mount import workspace_path_of
+from ._observe import EventSink, MetricsSink, UsageRecorder, UsageSink, WorkspaceMetrics
 from ._plugins import BLOCK_ENV, PluginSet, load_plugins
 from ._protocols import WorkspaceProvider
 from ._regex import RegexEngine
@@ -19,7 +21,13 @@ from ._registry import PersistRef, ScopedWorkspace, WorkspaceRegistry
 from ._tool import Tool, ToolResult
 from ._toolset import ResultFilter, WorkspaceToolset
 
-__all__ = ["WorkspaceSession", "default_plugins", "default_provider_kind", "open_workspace"]
+__all__ = [
+    "ToolCallError",
+    "WorkspaceSession",
+    "default_plugins",
+    "default_provider_kind",
+    "open_workspace",
+]
 
 PREFERRED_DEFAULTS = ("local-bash", "in-memory")
 
@@ -34,12 +42,47 @@ def default_plugins() -> PluginSet:
     return _cached_plugins(os.environ.get(BLOCK_ENV, ""))
 
 
-class WorkspaceSession:
-    """A session's workspace and its tools, as ``open_workspace`` yields it."""
+class ToolCallError(WorkspaceError):
+    """A tool call failed, raised for library code that asked for exceptions.
 
-    def __init__(self, registry: WorkspaceRegistry, toolset: WorkspaceToolset) -> None:
+    The model never sees this: agent loops pass the error :class:`ToolResult`
+    back to it. Library code that calls tools itself (a script, a test, a
+    pipeline step) usually wants a failure to stop it where it happened rather
+    than to find ``result.data`` is None later.
+
+    Attributes:
+        tool: The tool's name.
+        code: The result's ``error_code`` (``not_found``, ``policy_denied``,
+            ``workspace_failed``...).
+        result: The full error result.
+    """
+
+    def __init__(self, tool: str, result: ToolResult) -> None:
+        self.tool = tool
+        self.code = result.error_code or "failed"
+        self.result = result
+        super().__init__(f"{tool} failed ({self.code}): {result.content}")
+
+
+class WorkspaceSession:
+    """A session's workspace and its tools, as ``open_workspace`` yields it.
+
+    Args:
+        registry: The session's registry.
+        toolset: Its tools.
+        raise_on_error: Default of :meth:`call`'s ``raise_on_error``.
+    """
+
+    def __init__(
+        self,
+        registry: WorkspaceRegistry,
+        toolset: WorkspaceToolset,
+        *,
+        raise_on_error: bool = False,
+    ) -> None:
         self.registry = registry
         self.toolset = toolset
+        self.raise_on_error = raise_on_error
 
     @property
     def tools(self) -> tuple[Tool, ...]:
@@ -51,20 +94,53 @@ class WorkspaceSession:
         """The current ref (after the first open)."""
         return self.registry.ref
 
-    async def call(self, name: str, arguments: object = None) -> ToolResult:
-        """Call a tool by name with the model's arguments."""
-        return await self.toolset.call(name, arguments)
+    async def call(
+        self,
+        name: str,
+        arguments: object = None,
+        *,
+        raise_on_error: bool | None = None,
+        strict: bool = False,
+    ) -> ToolResult:
+        """Call a tool by name with the model's arguments.
+
+        Args:
+            name: The tool's name (``workspace_read_file``).
+            arguments: Its arguments, as the model would send them.
+            raise_on_error: Raise :class:`ToolCallError` instead of returning an
+                error result (default: the session's ``raise_on_error``). Keep
+                it off on the path that feeds results back to a model.
+            strict: Also accept the strict-mode form of the arguments, as a
+                model shown :meth:`openai_tools` ``(strict=True)`` sends them.
+
+        Raises:
+            ToolCallError: The call failed and ``raise_on_error`` is on.
+        """
+        result = await self.toolset.call(name, arguments, strict=strict)
+        raising = self.raise_on_error if raise_on_error is None else raise_on_error
+        if raising and result.is_error:
+            raise ToolCallError(name, result)
+        return result
 
     async def workspace(self) -> ScopedWorkspace:
         """The typed workspace (declared modules only), opening it if needed."""
         return await self.registry.get()
 
-    def openai_tools(self) -> list[dict[str, Any]]:
-        """OpenAI function specs of the tools."""
-        return self.toolset.openai_tools()
+    def openai_tools(self, *, strict: bool = False) -> list[OpenAITool]:
+        """OpenAI Chat Completions function specs of the tools.
 
-    def anthropic_tools(self) -> list[dict[str, Any]]:
-        """Anthropic tool specs of the tools."""
+        Args:
+            strict: Strict-mode schemas with ``strict: true``; the bridges
+                accept the arguments such a model sends.
+        """
+        return self.toolset.openai_tools(strict=strict)
+
+    def openai_responses_tools(self, *, strict: bool = True) -> list[OpenAIResponsesTool]:
+        """OpenAI Responses API function tools (strict-mode schemas by default)."""
+        return self.toolset.openai_responses_tools(strict=strict)
+
+    def anthropic_tools(self) -> list[AnthropicTool]:
+        """Anthropic Messages API tool specs of the tools."""
         return self.toolset.anthropic_tools()
 
 
@@ -102,6 +178,68 @@ def default_capabilities(provider: WorkspaceProvider, plugins: PluginSet) -> dic
     return {name: True for name in sorted(provider.capabilities) if name in plugins.capabilities}
 
 
+def check_capabilities(
+    provider: WorkspaceProvider, capabilities: object, plugins: PluginSet
+) -> dict[str, Any]:
+    """Validate a capability config against what the provider can populate.
+
+    A capability the provider cannot populate is refused here, before any
+    tool is listed or workspace opened: listing ``workspace_run`` for a
+    provider without a shell would only fail at the model's first call.
+
+    Returns:
+        The config as a plain dict, each value merged over the provider's
+        ``policy_defaults`` for that capability (the user's options win).
+
+    Raises:
+        ConfigError: Not a mapping of names, or a switched-on capability the
+            provider cannot populate (the message names providers that can).
+    """
+    if not isinstance(capabilities, Mapping):
+        raise ConfigError(
+            "capabilities must be an object mapping names to true or options, e.g. "
+            '{"fs": true, "shell": true}'
+        )
+    config: dict[str, Any] = {}
+    for name, value in capabilities.items():
+        if not isinstance(name, str) or not name.isprintable() or len(name) > 64:
+            raise ConfigError("capabilities: every key must be a capability name")
+        config[name] = value
+    on = sorted(n for n, v in config.items() if v not in (False, None))
+    for name in on:
+        if name not in plugins.capabilities:
+            known = ", ".join(sorted(plugins.capabilities)) or "none"
+            raise ConfigError(f"unknown capability {name!r} (known: {known})")
+    missing = [n for n in on if n not in provider.capabilities]
+    kind = provider.provider_id
+    if missing:
+        supported = ", ".join(sorted(provider.capabilities)) or "none"
+        able = sorted(
+            k for k, spec in plugins.providers.items() if set(missing) <= spec.capabilities
+        )
+        advice = (
+            f"; installed providers that can: {', '.join(able)}"
+            if able
+            else "; no installed provider can"
+        )
+        raise ConfigError(
+            f"provider {kind} cannot populate capabilities: {', '.join(missing)} "
+            f"(it supports: {supported}){advice}"
+        )
+    spec = plugins.providers.get(kind)
+    defaults = spec.policy_defaults if spec is not None else {}
+    for name in on:
+        extra = defaults.get(name)
+        if not extra:
+            continue
+        value = config[name]
+        if value is True:
+            config[name] = dict(extra)
+        elif isinstance(value, Mapping):
+            config[name] = {**extra, **value}
+    return config
+
+
 @asynccontextmanager
 async def open_workspace(
     provider: str | WorkspaceProvider,
@@ -112,7 +250,8 @@ async def open_workspace(
     config_options: Mapping[str, Any] | None = None,
     ref: WorkspaceRef | None = None,
     persist_ref: PersistRef | None = None,
-    open_strategy: Literal["lazy", "eager"] = "lazy",
+    open_strategy: Literal["lazy", "eager"] = "eager",
+    raise_on_error: bool = False,
     close_on_exit: bool = True,
     plugins: PluginSet | None = None,
     regex_engine: RegexEngine | None = None,
@@ -120,12 +259,17 @@ async def open_workspace(
     trace_context: Mapping[str, str] | None = None,
     result_filter: ResultFilter | None = None,
     metrics: WorkspaceMetrics | None = None,
-    hooks: Iterable[object] = (),
+    observers: Iterable[EventSink] = (),
     transient_retry_attempts: int = 3,
     close_timeout_s: float = 30.0,
     reset_after_s: float | None = None,
 ) -> AsyncIterator[WorkspaceSession]:
     """Open a session's workspace with its tools; close it on exit.
+
+    The workspace is opened before the block runs, so a provider that cannot
+    run here (bubblewrap missing, no Docker daemon) raises now, with the
+    provider's advice, instead of at the model's first call. Hosts that want
+    to defer the cost until a tool is used pass ``open_strategy="lazy"``.
 
     Example::
 
@@ -142,21 +286,32 @@ async def open_workspace(
         config_options: Per-session provider options (``ProviderConfig.options``).
         ref: Resume this workspace instead of opening a new one.
         persist_ref: Called with each new ref and None after close.
-        open_strategy: ``eager`` opens before yielding, so failures surface now.
+        open_strategy: ``eager`` (default) opens (or resumes ``ref``) before
+            yielding, so failures surface here; ``lazy`` opens at the first
+            tool call, and a failure then reaches the model as an error result.
+        raise_on_error: Default of ``WorkspaceSession.call(raise_on_error=)``.
         close_on_exit: Close the workspace on exit (False keeps it for a later resume).
         plugins: The plugin set (default: the installed plugins).
-        regex_engine, usage, trace_context, result_filter: See WorkspaceToolset.
-        metrics, hooks, transient_retry_attempts, close_timeout_s, reset_after_s:
-            See WorkspaceRegistry.
+        usage: Receives ``workspace.<op>`` and the duration of each tool call
+            (subscribed to the session's events as a ``UsageSink``).
+        metrics: Counters and histograms (subscribed as a ``MetricsSink``).
+        observers: Further event sinks, sync or async (see ``WorkspaceRegistry``).
+        regex_engine, trace_context, result_filter: See WorkspaceToolset.
+        transient_retry_attempts, close_timeout_s, reset_after_s: See WorkspaceRegistry.
 
     Raises:
-        ConfigError: Unknown provider kind or capability, or a bad option.
-        WorkspaceFailedError: With ``open_strategy="eager"``, the open failed.
+        ConfigError: Unknown provider kind or capability, a capability the
+            provider cannot populate, or a bad option.
+        WorkspaceFailedError: The provider cannot open (or resume) the
+            workspace; the message carries its advice (not with ``lazy``).
     """
+    if open_strategy not in ("lazy", "eager"):
+        raise ConfigError("open_strategy must be 'lazy' or 'eager'")
     plugins = plugins or default_plugins()
     instance = resolve_provider(provider, plugins, provider_options)
     if capabilities is None:
         capabilities = default_capabilities(instance, plugins)
+    capabilities = check_capabilities(instance, capabilities, plugins)
     config = WorkspaceConfig(
         provider=ProviderConfig(instance.provider_id, dict(config_options or {})),
         capabilities=capabilities,
@@ -171,22 +326,27 @@ async def open_workspace(
         transient_retry_attempts=transient_retry_attempts,
         close_timeout_s=close_timeout_s,
         reset_after_s=reset_after_s,
-        metrics=metrics,
-        hooks=hooks,
+        observers=[
+            *([MetricsSink(metrics)] if metrics is not None else []),
+            *([UsageSink(usage)] if usage is not None else []),
+            *observers,
+        ],
     )
     toolset = WorkspaceToolset(
         registry,
         plugins.capabilities,
         regex_engine=regex_engine,
-        usage=usage,
         trace_context=trace_context,
         result_filter=result_filter,
         owns_registry=close_on_exit,
     )
-    async with registry.hooks_running():
+    async with registry.delivering_events():
         try:
             if open_strategy == "eager":
-                await registry.get()
-            yield WorkspaceSession(registry, toolset)
+                opened = await registry.get()
+                toolset.locate(workspace_path_of(opened.details()))
+            else:
+                toolset.locate(None)
+            yield WorkspaceSession(registry, toolset, raise_on_error=raise_on_error)
         finally:
             await toolset.aclose()

@@ -26,6 +26,7 @@ from ._schema import Arg, JsonSchema, args_schema
 
 if TYPE_CHECKING:
     from ._data import WorkspaceRef
+    from ._mount import PathView
     from ._regex import RegexEngine
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "Tool",
     "ToolEnv",
     "ToolHandler",
+    "ToolHints",
     "ToolOutput",
     "ToolRenderer",
     "ToolResult",
@@ -79,6 +81,29 @@ class ToolResult:
     error_code: str | None = None
 
 
+@attrs.frozen(kw_only=True)
+class ToolHints:
+    """What a tool does to the world, for hosts that ask before acting.
+
+    These are MCP's tool annotations (``readOnlyHint``...) and travel with
+    the tool to every exporter that has a place for them. They are hints for
+    a host's confirmation prompts, never a security boundary: policies are.
+
+    Attributes:
+        read_only: The tool changes nothing (in the workspace or elsewhere).
+        destructive: It may overwrite or delete what was there (meaningful
+            only when not read-only).
+        idempotent: Calling it again with the same arguments changes nothing
+            more.
+        open_world: It may reach beyond the workspace (network, the host).
+    """
+
+    read_only: bool = False
+    destructive: bool = True
+    idempotent: bool = False
+    open_world: bool = True
+
+
 class SessionControl(Protocol):
     """What a tool may change about its session: which workspace it uses.
 
@@ -99,12 +124,14 @@ class SessionControl(Protocol):
         ...
 
     def emit(
-        self, hook: str, *, status: str = "ok", detail: Mapping[str, str] | None = None
+        self, name: str, *, status: str = "ok", detail: Mapping[str, str] | None = None
     ) -> None:
-        """Report a lifecycle event (``on_snapshot``...) to the session's hooks.
+        """Report what happened (``snapshot``...) to the session's observers.
+
+        It reaches them as a ``CapabilityEvent`` naming the capability.
 
         Raises:
-            ValueError: ``hook`` is not an ``on_<name>`` identifier.
+            ValueError: ``name`` is not a lowercase identifier.
         """
         ...
 
@@ -129,6 +156,14 @@ class ToolEnv(Protocol[PolicyT_co, ModuleT_co]):
 
     async def module(self) -> ModuleT_co:
         """The capability's workspace module (opening the workspace if needed)."""
+        ...
+
+    async def paths(self) -> PathView:
+        """How the model names this workspace's paths (opening it if needed).
+
+        Results show paths through ``PathView.show`` so that a path a tool
+        returns works as-is in a command (see ``corral._mount``).
+        """
         ...
 
 
@@ -187,18 +222,35 @@ class ToolSpec(Generic[PolicyT, ModuleT]):
         render: Result -> text for the model (default :func:`render_json`).
         refine: Per-argument constraints the policy decides, merged over the
             class's own (``{"language": Arg(choices=policy.languages)}``).
+        hints: What the tool does to the world (MCP annotations); None says
+            nothing, so hosts assume the worst.
+        output_schema: JSON Schema (an object) of the handler's result, for
+            hosts that validate structured results (MCP ``outputSchema``).
 
     Raises:
         TypeError: The arguments class cannot be compiled (see :func:`corral.args_schema`).
     """
 
-    __slots__ = ("_prepare", "args_type", "description", "name", "op", "parameters")
+    __slots__ = (
+        "_prepare",
+        "args_type",
+        "description",
+        "hints",
+        "name",
+        "op",
+        "output_schema",
+        "parameters",
+        "strict_parameters",
+    )
 
     name: str
     description: str
     op: str
     parameters: JsonSchema
+    strict_parameters: JsonSchema
     args_type: type[AttrsInstance]
+    hints: ToolHints | None
+    output_schema: JsonSchema | None
 
     def __init__(
         self,
@@ -210,18 +262,24 @@ class ToolSpec(Generic[PolicyT, ModuleT]):
         op: str | None = None,
         render: ToolRenderer[ResultT] | None = None,
         refine: Mapping[str, Arg] | None = None,
+        hints: ToolHints | None = None,
+        output_schema: JsonSchema | None = None,
     ) -> None:
         compiled = args_schema(args, refine)
+        strict = args_schema(args, refine, strict=True)
         renderer: Callable[[ResultT], str] = render if render is not None else render_json
         self.name = name
         self.description = description
         self.op = op if op is not None else name.removeprefix("workspace_")
         # A private copy: callers may mutate what they export, the cache is shared.
         self.parameters = copy.deepcopy(compiled.json_schema)
+        self.strict_parameters = copy.deepcopy(strict.json_schema)
         self.args_type = args
+        self.hints = hints
+        self.output_schema = copy.deepcopy(output_schema)
 
-        def prepare(arguments: object) -> PreparedCall[PolicyT, ModuleT]:
-            parsed = compiled.parse(arguments)
+        def prepare(arguments: object, strict_form: bool) -> PreparedCall[PolicyT, ModuleT]:
+            parsed = (strict if strict_form else compiled).parse(arguments)
 
             async def run(env: ToolEnv[PolicyT, ModuleT]) -> ToolOutput:
                 data = await handler(env, parsed)
@@ -231,14 +289,20 @@ class ToolSpec(Generic[PolicyT, ModuleT]):
 
         self._prepare = prepare
 
-    def prepare(self, arguments: object) -> PreparedCall[PolicyT, ModuleT]:
+    def prepare(self, arguments: object, *, strict: bool = False) -> PreparedCall[PolicyT, ModuleT]:
         """Validate the model's arguments (no I/O) and return the runnable call.
+
+        Args:
+            arguments: The model's arguments (decoded JSON).
+            strict: Also accept the strict-mode form (``null`` for an optional
+                argument, maps as name/value lists), as a model given
+                :attr:`strict_parameters` sends it.
 
         Raises:
             OperationError: ``invalid_argument``/``invalid_path``, naming the
                 argument and never echoing its value.
         """
-        return self._prepare(arguments)
+        return self._prepare(arguments, strict)
 
     def __repr__(self) -> str:
         return f"ToolSpec({self.name!r}, args={self.args_type.__qualname__})"
@@ -250,14 +314,32 @@ class Tool:
 
     Call it with the model's arguments; it never raises for a failed
     operation or bad arguments: it returns an error :class:`ToolResult`.
+
+    Attributes:
+        parameters: JSON Schema of the arguments.
+        strict_parameters: The same arguments in strict-mode form (OpenAI
+            strict mode); call with ``strict=True`` when the model saw these.
+        hints: What the tool does to the world (MCP annotations), if declared.
+        output_schema: JSON Schema of the structured result, if declared.
     """
 
     name: str
     description: str
     parameters: Mapping[str, object]
     capability: str
-    _invoke: Callable[[object], Awaitable[ToolResult]] = attrs.field(alias="invoke", repr=False)
+    _invoke: Callable[[object, bool], Awaitable[ToolResult]] = attrs.field(
+        alias="invoke", repr=False
+    )
+    strict_parameters: Mapping[str, object] = attrs.field(factory=dict, kw_only=True)
+    hints: ToolHints | None = attrs.field(default=None, kw_only=True)
+    output_schema: Mapping[str, object] | None = attrs.field(default=None, kw_only=True)
 
-    async def __call__(self, arguments: object) -> ToolResult:
-        """Validate ``arguments`` and run the tool."""
-        return await self._invoke(arguments)
+    async def __call__(self, arguments: object, *, strict: bool = False) -> ToolResult:
+        """Validate ``arguments`` and run the tool.
+
+        Args:
+            arguments: The model's arguments (decoded JSON).
+            strict: Also accept the strict-mode form of the arguments (see
+                :attr:`strict_parameters`); the ordinary form stays accepted.
+        """
+        return await self._invoke(arguments, strict)

@@ -1,8 +1,13 @@
 """The tool layer: capability tools bound to a registry, validated and observed.
 
 Every call: arguments validated before any I/O -> handler -> one retry on
-eviction -> errors turned into clean tool results -> result filter ->
-usage, metrics and a log record carrying the trace context.
+eviction -> errors turned into clean tool results -> one
+:class:`~corral._observe.ToolCallFinished` event (usage, metrics and the log
+record are sinks of it) -> result filter.
+
+The toolset needs five things of the session's registry and sees only those,
+through :class:`ToolHost`: the config, the reachable modules, the live
+workspace, a way to adopt a ref or report an eviction, and ``emit``.
 """
 
 from __future__ import annotations
@@ -12,24 +17,35 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, Final, Generic, TypeVar, cast
+from typing import Final, Generic, Literal, Protocol, TypeVar, cast
 
+import attrs
 from attrs import AttrsInstance
 
+from ._bridges import (
+    AnthropicTool,
+    OpenAIResponsesTool,
+    OpenAITool,
+    anthropic_tool,
+    openai_responses_tool,
+    openai_tool,
+)
 from ._capabilities import AnyCapability, Capability, check_user_tool_name
-from ._data import WorkspaceRef
+from ._data import WorkspaceConfig, WorkspaceRef
+from ._echo import echo_if_short
 from ._errors import (
     ConfigError,
     OperationError,
     WorkspaceEvictedError,
     WorkspaceFailedError,
 )
-from ._observe import UsageRecorder, guarded
+from ._mount import PathView, path_fields, paths_note, workspace_path_of
+from ._observe import CapabilityEvent, Event, EvictionRetried, ToolCallFinished, log_extra
 from ._regex import RegexEngine, RegexModuleEngine
-from ._registry import WorkspaceRegistry
+from ._registry import ScopedWorkspace
 from ._tool import PreparedCall, SessionControl, Tool, ToolEnv, ToolOutput, ToolResult, ToolSpec
 
-__all__ = ["ResultFilter", "WorkspaceToolset"]
+__all__ = ["ResultFilter", "ToolHost", "WorkspaceToolset"]
 
 log = logging.getLogger("corral.tools")
 
@@ -40,29 +56,88 @@ ResultFilter = Callable[[str, Mapping[str, object], ToolResult], ToolResult | Aw
 """Sees every result (and the validated arguments) before the model does; may scrub or
 annotate it."""
 
-_RESERVED_LOG_KEYS: Final = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
-_HOOK_NAME: Final = re.compile(r"on_[a-z][a-z0-9_]{0,62}\Z")
+_EVENT_NAME: Final = re.compile(r"[a-z][a-z0-9_]{0,62}\Z")
+_NOTED_TOOLS: Final = frozenset({"workspace_read_file", "workspace_write_file", "workspace_run"})
+"""Where the model reads where the workspace is: the first file tools and the shell."""
+
+
+class ToolHost(Protocol):
+    """What the tool layer needs of a session's registry, and nothing more.
+
+    ``WorkspaceRegistry`` is one; a test or an embedding may supply another.
+    Deliberately absent: reset, describe and the registry's internals.
+    """
+
+    @property
+    def config(self) -> WorkspaceConfig:
+        """Provider kind and declared capabilities."""
+        ...
+
+    @property
+    def modules(self) -> frozenset[str]:
+        """The module names tools may reach."""
+        ...
+
+    @property
+    def session_id(self) -> str:
+        """The session every event is stamped with."""
+        ...
+
+    @property
+    def provider_id(self) -> str:
+        """The provider every event is stamped with."""
+        ...
+
+    async def get(self) -> ScopedWorkspace:
+        """The live workspace, opened or resolved on first use."""
+        ...
+
+    async def swap_ref(self, ref: WorkspaceRef) -> None:
+        """Adopt another workspace of the same provider (restore, branch)."""
+        ...
+
+    def mark_evicted(self) -> None:
+        """Record that the live workspace's backing resource is gone."""
+        ...
+
+    def emit(self, event: Event) -> None:
+        """Publish an observation; never raises."""
+        ...
+
+    async def close(self) -> None:
+        """Close the session's workspace."""
+        ...
 
 
 class _SessionControl:
-    """The registry seen through :class:`SessionControl`: adopt a ref, report events."""
+    """The host seen through :class:`SessionControl`: adopt a ref, report events."""
 
-    __slots__ = ("_registry",)
+    __slots__ = ("_capability", "_host")
 
-    def __init__(self, registry: WorkspaceRegistry) -> None:
-        self._registry = registry
+    def __init__(self, host: ToolHost, capability: str) -> None:
+        self._host = host
+        self._capability = capability
 
     async def adopt(self, ref: WorkspaceRef) -> str:
-        await self._registry.swap_ref(ref)
-        return (await self._registry.get()).id
+        await self._host.swap_ref(ref)
+        return (await self._host.get()).id
 
     def emit(
-        self, hook: str, *, status: str = "ok", detail: Mapping[str, str] | None = None
+        self, name: str, *, status: str = "ok", detail: Mapping[str, str] | None = None
     ) -> None:
-        # Hooks are looked up by attribute name: only on_* names may reach them.
-        if not _HOOK_NAME.match(hook):
-            raise ValueError("hook names are on_<lowercase identifier>")
-        self._registry.emit(hook, status=status, detail=dict(detail or {}))
+        # Names end up as metric labels and log fields: keep them identifiers.
+        if not _EVENT_NAME.match(name):
+            raise ValueError("event names are lowercase identifiers")
+        self._host.emit(
+            CapabilityEvent(
+                session_id=self._host.session_id,
+                provider_id=self._host.provider_id,
+                capability=self._capability,
+                name=name,
+                status=status,
+                detail=dict(detail or {}),
+            )
+        )
 
 
 class _NoSessionControl:
@@ -83,25 +158,35 @@ class _NoSessionControl:
         raise self._refuse()
 
     def emit(
-        self, hook: str, *, status: str = "ok", detail: Mapping[str, str] | None = None
+        self, name: str, *, status: str = "ok", detail: Mapping[str, str] | None = None
     ) -> None:
         raise self._refuse()
+
+
+def _path_view(ws: ScopedWorkspace) -> PathView:
+    """The workspace's path view; a provider whose ``details()`` fails keeps the plain view."""
+    try:
+        details = ws.details()
+    except Exception:
+        log.warning("workspace details() raised; paths shown workspace-relative", exc_info=True)
+        return PathView()
+    return PathView(workspace_path_of(details))
 
 
 class _Env(Generic[PolicyT, ModuleT]):
     """The :class:`ToolEnv` a capability's handlers get: policy, module, session control."""
 
-    __slots__ = ("_module", "_registry", "policy", "regex_engine", "session")
+    __slots__ = ("_host", "_module", "policy", "regex_engine", "session")
 
     def __init__(
         self,
-        registry: WorkspaceRegistry,
+        host: ToolHost,
         policy: PolicyT,
         module: str,
         regex_engine: RegexEngine,
         session: SessionControl,
     ) -> None:
-        self._registry = registry
+        self._host = host
         self._module = module
         self.policy = policy
         self.regex_engine = regex_engine
@@ -111,22 +196,31 @@ class _Env(Generic[PolicyT, ModuleT]):
         # The one trust point of the seam: the registry checked at open and
         # resolve that the provider populated this declared module, and the
         # capability's type parameter says which protocol it is.
-        return cast(ModuleT, (await self._registry.get()).require(self._module))
+        return cast(ModuleT, (await self._host.get()).require(self._module))
+
+    async def paths(self) -> PathView:
+        return _path_view(await self._host.get())
 
 
 class WorkspaceToolset:
     """The ``workspace_*`` tools of one session.
 
+    Every call ends in one :class:`~corral._observe.ToolCallFinished` event
+    published through the registry: usage, metrics and logs are observers of
+    the registry (``observers=`` there, or ``usage=``/``metrics=`` of
+    ``open_workspace``), not of the tool set.
+
     Args:
-        registry: The session's registry (its config says which capabilities
-            are declared).
+        registry: The session's registry, seen through :class:`ToolHost` (its
+            config says which capabilities are declared).
         capabilities: Capability plugins by name (``load_plugins().capabilities``).
         regex_engine: grep's engine (default: the ``regex`` module with a timeout).
-        usage: Receives ``workspace.<op>`` and the duration of each call.
-        trace_context: Opaque ids merged into every log record (trace_id, span_id).
+        trace_context: Opaque ids carried by every event this tool set emits
+            and merged into its log records (trace_id, span_id).
         result_filter: Scrubs or annotates each result before the model sees it.
         owns_registry: ``aclose`` closes the registry. False for a sub-agent's
-            tool set bound to its parent's registry (inherit_workspace).
+            tool set bound to its parent's registry (see :meth:`inherit`).
+        logger: Where unexpected handler and filter failures are logged.
 
     Raises:
         ConfigError: An unknown capability or a bad policy value.
@@ -134,28 +228,27 @@ class WorkspaceToolset:
 
     def __init__(
         self,
-        registry: WorkspaceRegistry,
+        registry: ToolHost,
         capabilities: Mapping[str, AnyCapability],
         *,
         regex_engine: RegexEngine | None = None,
-        usage: UsageRecorder | None = None,
         trace_context: Mapping[str, str] | None = None,
         result_filter: ResultFilter | None = None,
         owns_registry: bool = True,
         logger: logging.Logger | None = None,
     ) -> None:
         self.registry = registry
+        self._capabilities = capabilities
         self.regex_engine = regex_engine or RegexModuleEngine()
-        self._usage = usage
-        self._trace = {
-            (k if k not in _RESERVED_LOG_KEYS else f"trace_{k}"): v
-            for k, v in (trace_context or {}).items()
-        }
+        self._trace: Mapping[str, str] = dict(trace_context or {})
+        self._log_extra = log_extra(self._trace)
         self._filter = result_filter
         self.owns_registry = owns_registry
         self.log = logger or log
         self.policies: dict[str, object] = {}
         self._tools: dict[str, Tool] = {}
+        self._descriptions: dict[str, str] = {}
+        self._location: tuple[str | None] | None = None
         for name, value in sorted(registry.config.capabilities.items()):
             if value in (False, None):
                 continue
@@ -173,7 +266,9 @@ class WorkspaceToolset:
                 f"capability {name!r} needs module {cap.module!r}, which the registry hides"
             )
         session: SessionControl = (
-            _SessionControl(self.registry) if cap.controls_session else _NoSessionControl(name)
+            _SessionControl(self.registry, name)
+            if cap.controls_session
+            else _NoSessionControl(name)
         )
         env: _Env[PolicyT, ModuleT] = _Env(
             self.registry, policy, cap.module, self.regex_engine, session
@@ -198,19 +293,20 @@ class WorkspaceToolset:
         """
         return self._tools[name]
 
-    async def call(self, name: str, arguments: object) -> ToolResult:
-        """Call a tool by name; an unknown name is an error result, not an exception."""
+    async def call(self, name: str, arguments: object, *, strict: bool = False) -> ToolResult:
+        """Call a tool by name; an unknown name is an error result, not an exception.
+
+        ``strict`` also accepts the strict-mode form of the arguments
+        (:attr:`Tool.strict_parameters`).
+        """
         tool = self._tools.get(name)
         if tool is None:
-            shown = (
-                name if isinstance(name, str) and len(name) <= 64 and name.isprintable() else "?"
-            )
             return ToolResult(
-                f"unknown tool {shown!r}; available: {', '.join(self._tools)}",
+                f"unknown tool {echo_if_short(name)!r}; available: {', '.join(self._tools)}",
                 is_error=True,
                 error_code="invalid_argument",
             )
-        return await tool(arguments)
+        return await tool(arguments, strict=strict)
 
     def check_user_tools(self, names: Iterable[str]) -> None:
         """Refuse user tools in the reserved ``workspace_``/``companion__`` namespaces.
@@ -221,11 +317,34 @@ class WorkspaceToolset:
         for name in names:
             check_user_tool_name(name)
 
-    def inherit(self) -> WorkspaceToolset:
-        """A tool set for a sub-agent bound to this registry; closing it leaves it open."""
-        child = object.__new__(WorkspaceToolset)
-        child.__dict__.update(self.__dict__)
-        child.owns_registry = False
+    def inherit(
+        self,
+        *,
+        trace_context: Mapping[str, str] | None = None,
+        result_filter: ResultFilter | None = None,
+    ) -> WorkspaceToolset:
+        """A tool set for a sub-agent, bound to this session's workspace.
+
+        The child is built like any tool set (same capabilities, policies and
+        regex engine) and its tools run through its *own* pipeline, so its
+        trace context and result filter apply to its calls only. Closing it
+        leaves the workspace open.
+
+        Args:
+            trace_context: The sub-agent's ids (default: this tool set's).
+            result_filter: The sub-agent's filter (default: this tool set's).
+        """
+        child = WorkspaceToolset(
+            self.registry,
+            self._capabilities,
+            regex_engine=self.regex_engine,
+            trace_context=self._trace if trace_context is None else trace_context,
+            result_filter=self._filter if result_filter is None else result_filter,
+            owns_registry=False,
+            logger=self.log,
+        )
+        if self._location is not None:
+            child.locate(self._location[0])
         return child
 
     async def aclose(self) -> None:
@@ -235,46 +354,54 @@ class WorkspaceToolset:
 
     # -- exporters --------------------------------------------------------------
 
-    def openai_tools(self) -> list[dict[str, Any]]:
-        """The tools as OpenAI Chat Completions function specs."""
-        return [
-            {
-                "type": "function",
-                "function": {
-                    "name": t.name,
-                    "description": t.description,
-                    "parameters": dict(t.parameters),
-                },
-            }
-            for t in self.tools
-        ]
+    def openai_tools(self, *, strict: bool = False) -> list[OpenAITool]:
+        """The tools as OpenAI Chat Completions function specs (see :func:`corral.openai_tool`)."""
+        return [openai_tool(t, strict=strict) for t in self.tools]
 
-    def anthropic_tools(self) -> list[dict[str, Any]]:
+    def openai_responses_tools(self, *, strict: bool = True) -> list[OpenAIResponsesTool]:
+        """The tools as OpenAI Responses API function tools (strict by default, as the API)."""
+        return [openai_responses_tool(t, strict=strict) for t in self.tools]
+
+    def anthropic_tools(self) -> list[AnthropicTool]:
         """The tools as Anthropic Messages API tool specs."""
-        return [
-            {"name": t.name, "description": t.description, "input_schema": dict(t.parameters)}
-            for t in self.tools
-        ]
+        return [anthropic_tool(t) for t in self.tools]
 
     # -- the call pipeline ---------------------------------------------------------
 
     def _bind(
         self, spec: ToolSpec[PolicyT, ModuleT], env: ToolEnv[PolicyT, ModuleT], capability: str
     ) -> Tool:
-        async def invoke(arguments: object) -> ToolResult:
-            return await self._invoke(spec, env, arguments)
+        async def invoke(arguments: object, strict: bool) -> ToolResult:
+            return await self._invoke(spec, env, capability, arguments, strict)
 
-        return Tool(spec.name, spec.description, spec.parameters, capability, invoke=invoke)
+        return Tool(
+            spec.name,
+            spec.description,
+            spec.parameters,
+            capability,
+            invoke=invoke,
+            strict_parameters=spec.strict_parameters,
+            hints=spec.hints,
+            output_schema=spec.output_schema,
+        )
 
     async def _invoke(
-        self, spec: ToolSpec[PolicyT, ModuleT], env: ToolEnv[PolicyT, ModuleT], arguments: object
+        self,
+        spec: ToolSpec[PolicyT, ModuleT],
+        env: ToolEnv[PolicyT, ModuleT],
+        capability: str,
+        arguments: object,
+        strict: bool = False,
     ) -> ToolResult:
         started = time.perf_counter()
         result: ToolResult | None = None
         call: PreparedCall[PolicyT, ModuleT] | None = None
         try:
-            call = spec.prepare(arguments)
-            output = await self._with_eviction_retry(call, env)
+            call = spec.prepare(arguments, strict=strict)
+            located = await self._locate_paths(spec, arguments)
+            if located is not None:
+                call = spec.prepare(located, strict=strict)
+            output = await self._with_eviction_retry(spec.name, call, env)
             result = ToolResult(output.text, data=output.data)
         except OperationError as exc:
             result = ToolResult(exc.message, is_error=True, error_code=exc.code)
@@ -291,52 +418,101 @@ class WorkspaceToolset:
         except ConfigError as exc:
             result = ToolResult(str(exc), is_error=True, error_code="invalid_argument")
         except Exception:
-            self.log.exception("tool %s raised unexpectedly", spec.name, extra=self._trace)
+            self.log.exception("tool %s raised unexpectedly", spec.name, extra=self._log_extra)
             result = ToolResult(
                 f"{spec.name} failed with an internal error; the operator has the details",
                 is_error=True,
                 error_code="internal",
             )
         finally:
-            ms = (time.perf_counter() - started) * 1000
-            status = "cancelled" if result is None else ("error" if result.is_error else "ok")
-            self._record(spec.name, spec.op, ms, status, result)
+            host = self.registry
+            host.emit(
+                ToolCallFinished(
+                    session_id=host.session_id,
+                    provider_id=host.provider_id,
+                    tool=spec.name,
+                    op=spec.op,
+                    capability=capability,
+                    status="cancelled"
+                    if result is None
+                    else ("error" if result.is_error else "ok"),
+                    duration_ms=(time.perf_counter() - started) * 1000,
+                    error_code=None if result is None else result.error_code,
+                    trace=self._trace,
+                )
+            )
         if self._filter is not None:
             args = call.as_mapping() if call is not None else {}
             result = await self._apply_filter(spec.name, args, result)
         return result
 
+    async def _locate_paths(
+        self, spec: ToolSpec[PolicyT, ModuleT], arguments: object
+    ) -> dict[str, object] | None:
+        """The arguments with absolute paths under the mount path made workspace-relative.
+
+        None when nothing changes. Runs after validation, and asks for the
+        workspace only when some path argument is absolute (a relative one
+        never depends on the mount path).
+        """
+        fields = path_fields(spec.args_type)
+        if not fields or not isinstance(arguments, Mapping):
+            return None
+        absolute = [
+            f for f in fields if isinstance(v := arguments.get(f), str) and v.startswith("/")
+        ]
+        if not absolute:
+            return None
+        view = _path_view(await self.registry.get())
+        changed: dict[str, object] = {}
+        for name in absolute:
+            inner = view.accept(arguments[name])
+            if inner is not None:
+                changed[name] = inner
+        return {**arguments, **changed} if changed else None
+
+    def locate(self, workspace_path: str | None) -> None:
+        """Tell the model where the workspace is, in the descriptions of the tools that use paths.
+
+        ``open_workspace`` calls it once the workspace is open (with its mount
+        path) and, for a lazy open, with None (a note that needs no path).
+        Descriptions are rebuilt from the capability's own each time.
+        """
+        self._location = (workspace_path,)
+        note = paths_note(workspace_path)
+        for name, tool in self._tools.items():
+            base = self._descriptions.setdefault(name, tool.description)
+            if name in _NOTED_TOOLS:
+                self._tools[name] = attrs.evolve(tool, description=base + note)
+
     async def _with_eviction_retry(
-        self, call: PreparedCall[PolicyT, ModuleT], env: ToolEnv[PolicyT, ModuleT]
+        self, tool: str, call: PreparedCall[PolicyT, ModuleT], env: ToolEnv[PolicyT, ModuleT]
     ) -> ToolOutput:
-        registry = self.registry
+        host = self.registry
         try:
             return await call.run(env)
         except WorkspaceEvictedError:
-            registry.mark_evicted()
+            host.mark_evicted()
         try:
             output = await call.run(env)
         except WorkspaceEvictedError:
-            registry.mark_evicted()
-            guarded(
-                "inc_eviction_retry",
-                registry.metrics.inc_eviction_retry,
-                registry.provider.provider_id,
-                "exhausted",
-            )
-            registry.emit("on_eviction_retry", status="exhausted")
-            registry.log.error(  # noqa: TRY400 - the traceback adds nothing here
-                "workspace tool: eviction retry exhausted", extra=self._trace
-            )
+            host.mark_evicted()
+            self._retried(tool, "exhausted")
             raise
-        guarded(
-            "inc_eviction_retry",
-            registry.metrics.inc_eviction_retry,
-            registry.provider.provider_id,
-            "recovered",
-        )
-        registry.emit("on_eviction_retry", status="recovered")
+        self._retried(tool, "recovered")
         return output
+
+    def _retried(self, tool: str, outcome: Literal["recovered", "exhausted"]) -> None:
+        host = self.registry
+        host.emit(
+            EvictionRetried(
+                session_id=host.session_id,
+                provider_id=host.provider_id,
+                tool=tool,
+                outcome=outcome,
+                trace=self._trace,
+            )
+        )
 
     async def _apply_filter(
         self, name: str, args: Mapping[str, object], result: ToolResult
@@ -349,7 +525,7 @@ class WorkspaceToolset:
         except Exception:
             # Fail closed: an unfiltered result may be exactly what the filter exists to stop.
             self.log.exception(
-                "result filter raised for %s; result withheld", name, extra=self._trace
+                "result filter raised for %s; result withheld", name, extra=self._log_extra
             )
             return ToolResult(
                 "the result was withheld because the result filter failed",
@@ -365,30 +541,3 @@ class WorkspaceToolset:
                 "the result was withheld by the result filter", is_error=True, error_code="internal"
             )
         return filtered
-
-    def _record(
-        self, name: str, op: str, ms: float, status: str, result: ToolResult | None
-    ) -> None:
-        metrics = self.registry.metrics
-        guarded("inc_tool_call", metrics.inc_tool_call, name, status)
-        guarded("observe_tool_latency_ms", metrics.observe_tool_latency_ms, name, ms)
-        if self._usage is not None:
-            try:
-                self._usage(f"workspace.{op}", ms, session_id=self.registry.session.session_id)
-            except Exception:
-                self.log.warning("usage recorder raised; ignored", exc_info=True)
-        if self.log.isEnabledFor(logging.DEBUG) or status != "ok":
-            self.log.log(
-                logging.DEBUG if status == "ok" else logging.INFO,
-                "workspace tool %s %s in %.2fms%s",
-                name,
-                status,
-                ms,
-                f" ({result.error_code})" if result is not None and result.error_code else "",
-                extra={
-                    **self._trace,
-                    "corral_tool": name,
-                    "corral_status": status,
-                    "corral_duration_ms": ms,
-                },
-            )

@@ -10,7 +10,7 @@ import anyio
 from ._errors import OperationError
 from ._protocols import CodeInterpreter, FileSystem, Shell, Snapshotter
 
-__all__ = ["ModularWorkspace", "ensure_open"]
+__all__ = ["ModularWorkspace", "workspace_closed"]
 
 _BUILTIN = ("fs", "shell", "code", "script", "snapshot")
 
@@ -121,7 +121,13 @@ class ModularWorkspace:
         return f"<ModularWorkspace {self._id} [{mods}]{' closed' if self._closed else ''}>"
 
 
-def ensure_open(closed: bool) -> None:
-    """Raise the standard error for a module used after its workspace closed."""
-    if closed:
-        raise OperationError("the workspace is closed", code="closed")
+def workspace_closed() -> OperationError:
+    """The standard error for a module used after its workspace closed.
+
+    Every provider raises the same code and words, so the model and the
+    conformance suite see one error for one situation::
+
+        if self._closed:
+            raise workspace_closed()
+    """
+    return OperationError("the workspace is closed", code="closed")

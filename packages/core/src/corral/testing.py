@@ -1,4 +1,4 @@
-"""Helpers for testing code that uses corral: a ready tool context, no-op sinks.
+"""Helpers for testing code that uses corral: a ready tool context, recording sinks.
 
 Example::
 
@@ -18,7 +18,8 @@ from typing import Any, Generic, TypeVar
 
 from attrs import AttrsInstance
 
-from ._observe import NoopMetrics, WorkspaceEvent
+from ._mount import PathView
+from ._observe import Event
 from ._plugins import PluginSet, load_plugins
 from ._protocols import WorkspaceProvider
 from ._regex import Matcher, RegexEngine, RegexModuleEngine
@@ -28,9 +29,7 @@ from ._toolset import _NoSessionControl
 
 __all__ = [
     "LinesOnlyMatcher",
-    "NoopHooks",
-    "NoopMetrics",
-    "RecordingHooks",
+    "RecordingObserver",
     "RecordingUsage",
     "noop_logger",
     "tool_env",
@@ -81,6 +80,9 @@ class _StaticToolEnv(Generic[PolicyT, ModuleT]):
     async def module(self) -> ModuleT:
         return self._module
 
+    async def paths(self) -> PathView:
+        return PathView()
+
 
 def tool_env(
     policy: PolicyT,
@@ -111,39 +113,29 @@ def noop_logger() -> logging.Logger:
     return logger
 
 
-class NoopHooks:
-    """Hooks that do nothing (the registry's default is no hooks at all)."""
+EventT = TypeVar("EventT", bound=Event)
 
 
-class RecordingHooks:
-    """Synchronous hooks that remember every event, for assertions."""
+class RecordingObserver:
+    """A synchronous event sink that remembers every event, for assertions.
+
+    Pass it as ``observers=[recorder]`` to ``open_workspace`` or a registry.
+    """
 
     def __init__(self) -> None:
-        self.events: list[WorkspaceEvent] = []
+        self.events: list[Event] = []
 
-    def on_open(self, event: WorkspaceEvent) -> None:
+    def __call__(self, event: Event) -> None:
         """Record."""
         self.events.append(event)
 
-    def on_close(self, event: WorkspaceEvent) -> None:
-        """Record."""
-        self.events.append(event)
-
-    def on_evicted(self, event: WorkspaceEvent) -> None:
-        """Record."""
-        self.events.append(event)
-
-    def on_eviction_retry(self, event: WorkspaceEvent) -> None:
-        """Record."""
-        self.events.append(event)
-
-    def on_snapshot(self, event: WorkspaceEvent) -> None:
-        """Record."""
-        self.events.append(event)
+    def of_type(self, kind: type[EventT]) -> list[EventT]:
+        """The recorded events of one class, in order."""
+        return [e for e in self.events if isinstance(e, kind)]
 
     def names(self) -> list[str]:
-        """The hook names in order."""
-        return [e.hook for e in self.events]
+        """The class names of the recorded events, in order."""
+        return [type(e).__name__ for e in self.events]
 
 
 class RecordingUsage:

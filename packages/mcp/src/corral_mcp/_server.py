@@ -39,11 +39,31 @@ def _version() -> str:
 
 
 def to_mcp_tool(tool: Tool) -> types.Tool:
-    """The MCP description of a corral tool: same name, description and JSON Schema."""
+    """The MCP description of a corral tool: name, description, argument schema, and,
+    where the tool declares them, its annotations (read-only, destructive,
+    idempotent, open-world hints) and the schema of its structured result.
+
+    A host may use the hints to decide what to confirm with the user; the
+    client validates ``structuredContent`` against the output schema.
+    """
+    hints = tool.hints
+    annotations = (
+        types.ToolAnnotations(
+            read_only_hint=hints.read_only,
+            destructive_hint=hints.destructive,
+            idempotent_hint=hints.idempotent,
+            open_world_hint=hints.open_world,
+        )
+        if hints is not None
+        else None
+    )
+    output = tool.output_schema
     return types.Tool(
         name=tool.name,
         description=tool.description,
         input_schema=_plain(tool.parameters),
+        output_schema=_plain(output) if output is not None else None,
+        annotations=annotations,
     )
 
 
