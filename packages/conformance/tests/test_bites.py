@@ -15,17 +15,17 @@ import attrs
 import pytest
 
 import corral
+import corral.provider
 from corral import (
     FileEntry,
-    GrepOptions,
     GrepResult,
-    Matcher,
-    OpenedWorkspace,
     ProviderConfig,
     SessionRef,
     WorkspaceFailedError,
     WorkspaceRef,
 )
+from corral.capability import GrepOptions, Matcher
+from corral.provider import OpenedWorkspace
 from corral_conformance import ReferenceProvider, check_provider
 from corral_conformance._model import FsModel
 from corral_conformance._reference import _FileSystem, _Snapshotter, _State
@@ -97,9 +97,9 @@ class LyingRefProvider(ReferenceProvider):
 class LazySnapshotProvider(ReferenceProvider):
     """Builds the snapshot module at open but forgets it on resolve."""
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
         ws = await super().resolve(ref)
-        return corral.ModularWorkspace(ws.id, fs=ws.fs, on_close=ws.close)
+        return corral.provider.ModularWorkspace(ws.id, fs=ws.fs, on_close=ws.close)
 
 
 def test_lying_ref_fails_declared_rules() -> None:
@@ -125,14 +125,14 @@ class WrongStampProvider(ReferenceProvider):
 class AnyVersionProvider(ReferenceProvider):
     """Never checks the version."""
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
         return await super().resolve(attrs.evolve(ref, schema_version=None))
 
 
 class OnlyCurrentProvider(ReferenceProvider):
     """Refuses N-1 and None."""
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
         if ref.schema_version != self.schema_version:
             raise WorkspaceFailedError(f"unsupported version; supports {self.schema_version} only")
         return await super().resolve(ref)
@@ -141,7 +141,7 @@ class OnlyCurrentProvider(ReferenceProvider):
 class VagueVersionProvider(ReferenceProvider):
     """Refuses bad versions without naming the supported set."""
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
         if ref.schema_version not in (None, 1, 2):
             raise WorkspaceFailedError("unsupported version")
         return await super().resolve(ref)
@@ -176,7 +176,7 @@ class SecretRefProvider(ReferenceProvider):
         payload = {**opened.ref.payload, "agent": session.agent_id, "opts": dict(config.options)}
         return attrs.evolve(opened, ref=attrs.evolve(opened.ref, payload=payload))
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
         payload = {k: v for k, v in ref.payload.items() if k not in ("agent", "opts")}
         return await super().resolve(attrs.evolve(ref, payload=payload))
 
@@ -192,7 +192,7 @@ class LiveObjectRefProvider(ReferenceProvider):
 class FreshOnResolveProvider(ReferenceProvider):
     """Resolve hands back a brand-new empty workspace."""
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
         await super().resolve(ref)
         return self._workspace(self.new_state())
 
@@ -215,14 +215,14 @@ def test_empty_resolve_fails_round_trip() -> None:
 class ForeignFriendlyProvider(ReferenceProvider):
     """Accepts refs of any provider."""
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
         return await super().resolve(attrs.evolve(ref, provider_id=self.provider_id))
 
 
 class EchoingProvider(ReferenceProvider):
     """Rejects junk, but quotes it back."""
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
         try:
             return await super().resolve(ref)
         except WorkspaceFailedError:
@@ -232,8 +232,8 @@ class EchoingProvider(ReferenceProvider):
 class LenientPayloadProvider(ReferenceProvider):
     """Reads the one key it needs and ignores everything else."""
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
-        corral.check_ref(ref, provider_id=self.provider_id, current=self.schema_version)
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
+        corral.provider.check_ref(ref, provider_id=self.provider_id, current=self.schema_version)
         wid = ref.payload.get("workspace_id")
         state = self._states.get(wid) if isinstance(wid, str) else None
         if state is None:
@@ -261,9 +261,9 @@ class _Tweaked(ReferenceProvider):
 
     fs_class: type[_FileSystem] = _FileSystem
 
-    def _workspace(self, state: _State) -> corral.ModularWorkspace:
+    def _workspace(self, state: _State) -> corral.provider.ModularWorkspace:
         ws = super()._workspace(state)
-        return corral.ModularWorkspace(
+        return corral.provider.ModularWorkspace(
             ws.id, fs=self.fs_class(state), snapshot=ws.snapshot, on_close=ws.close
         )
 
@@ -389,11 +389,11 @@ class HostDirProvider(_Tweaked):
         super().__init__()
         self.base = base
 
-    def _workspace(self, state: _State) -> corral.ModularWorkspace:
+    def _workspace(self, state: _State) -> corral.provider.ModularWorkspace:
         root = self.base / state.workspace_id
         root.mkdir(exist_ok=True)
         ws = super()._workspace(state)
-        return corral.ModularWorkspace(
+        return corral.provider.ModularWorkspace(
             ws.id, fs=_HostFs(state, root), on_close=ws.close, details=lambda: {"root": str(root)}
         )
 
@@ -427,9 +427,9 @@ class _DeleteNothing(_Snapshotter):
 
 
 def _snap_provider(snap_class: type[_Snapshotter]) -> type[ReferenceProvider]:
-    def _workspace(self: ReferenceProvider, state: _State) -> corral.ModularWorkspace:
+    def _workspace(self: ReferenceProvider, state: _State) -> corral.provider.ModularWorkspace:
         ws = ReferenceProvider._workspace(self, state)
-        return corral.ModularWorkspace(
+        return corral.provider.ModularWorkspace(
             ws.id, fs=ws.fs, snapshot=snap_class(self, state), on_close=ws.close
         )
 
@@ -454,7 +454,7 @@ def test_snapshot_defects_fail_snapshot_rules(snap_class: type[_Snapshotter], ru
 class EmptyAfterCloseProvider(ReferenceProvider):
     """Resolve of a closed workspace returns an empty one."""
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
         try:
             return await super().resolve(ref)
         except WorkspaceFailedError:
@@ -464,9 +464,9 @@ class EmptyAfterCloseProvider(ReferenceProvider):
 class NeverClosedProvider(ReferenceProvider):
     """Close releases nothing: modules keep working."""
 
-    def _workspace(self, state: _State) -> corral.ModularWorkspace:
+    def _workspace(self, state: _State) -> corral.provider.ModularWorkspace:
         ws = super()._workspace(state)
-        return corral.ModularWorkspace(ws.id, fs=ws.fs, snapshot=ws.snapshot)
+        return corral.provider.ModularWorkspace(ws.id, fs=ws.fs, snapshot=ws.snapshot)
 
 
 class CloseOnceProvider(ReferenceProvider):

@@ -19,16 +19,17 @@ import attrs
 import pytest
 
 import corral
+import corral.capability
+import corral.provider
 from corral import (
-    CommandRequest,
     ExecResult,
-    OpenedWorkspace,
     OperationError,
     ProviderConfig,
     SessionRef,
     WorkspaceFailedError,
     WorkspaceRef,
 )
+from corral.provider import CommandRequest, OpenedWorkspace
 from corral_conformance import ReferenceProvider, check_provider
 from corral_conformance._reference import _FileSystem, _Payload, _State
 from corral_conformance._rules import RULES
@@ -63,7 +64,7 @@ def _fails_exactly(factory: Callable[[], Any], *rule_ids: str, **kwargs: Any) ->
 class NextVersionProvider(ReferenceProvider):
     """Accepts N+1 "for forward compatibility"."""
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
         if ref.schema_version == self.schema_version + 1:
             ref = attrs.evolve(ref, schema_version=self.schema_version)
         return await super().resolve(ref)
@@ -72,7 +73,7 @@ class NextVersionProvider(ReferenceProvider):
 class MembershipVersionProvider(ReferenceProvider):
     """Checks the version by membership, so ``True`` (== 1 == N-1) and ``2.0`` pass."""
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
         if ref.provider_id != self.provider_id:
             raise WorkspaceFailedError("foreign ref", provider_id=self.provider_id)
         if ref.schema_version not in (None, self.schema_version - 1, self.schema_version):
@@ -81,8 +82,10 @@ class MembershipVersionProvider(ReferenceProvider):
             )
         return self._attach(ref)
 
-    def _attach(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
-        payload = corral.structure_payload(ref.payload, _Payload, provider_id=self.provider_id)
+    def _attach(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
+        payload = corral.provider.structure_payload(
+            ref.payload, _Payload, provider_id=self.provider_id
+        )
         state = self._states.get(payload.workspace_id)
         if state is None:
             raise WorkspaceFailedError("the workspace is gone", provider_id=self.provider_id)
@@ -99,21 +102,23 @@ class UnderAdvertisingProvider(ReferenceProvider):
         caps = frozenset({"fs"}) if declared is None else opened.ref.capabilities
         return attrs.evolve(opened, ref=attrs.evolve(opened.ref, capabilities=caps))
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
         ws = await super().resolve(ref)
         snapshot = ws.snapshot if "snapshot" in ref.capabilities else None
-        return corral.ModularWorkspace(ws.id, fs=ws.fs, snapshot=snapshot, on_close=ws.close)
+        return corral.provider.ModularWorkspace(
+            ws.id, fs=ws.fs, snapshot=snapshot, on_close=ws.close
+        )
 
 
 class CaseInsensitiveIdProvider(MembershipVersionProvider):
     """Compares provider ids case-insensitively and trimmed."""
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
         if not isinstance(ref.provider_id, str) or (
             ref.provider_id.strip().lower() != self.provider_id
         ):
             raise WorkspaceFailedError("foreign ref", provider_id=self.provider_id)
-        corral.check_ref_schema_version(
+        corral.provider.check_ref_schema_version(
             ref.schema_version, provider_id=self.provider_id, current=self.schema_version
         )
         return self._attach(ref)
@@ -122,7 +127,7 @@ class CaseInsensitiveIdProvider(MembershipVersionProvider):
 class DictPayloadProvider(ReferenceProvider):
     """Copies the payload with ``dict()`` before validating it."""
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
         payload = dict(ref.payload)
         return await super().resolve(attrs.evolve(ref, payload=payload))
 
@@ -132,18 +137,22 @@ class TombstoneProvider(ReferenceProvider):
 
     closed_ids: ClassVar[set[str]] = set()
 
-    def _workspace(self, state: _State) -> corral.ModularWorkspace:
+    def _workspace(self, state: _State) -> corral.provider.ModularWorkspace:
         ws = super()._workspace(state)
 
         async def close() -> None:
             type(self).closed_ids.add(state.workspace_id)
             await ws.close()
 
-        return corral.ModularWorkspace(ws.id, fs=ws.fs, snapshot=ws.snapshot, on_close=close)
+        return corral.provider.ModularWorkspace(
+            ws.id, fs=ws.fs, snapshot=ws.snapshot, on_close=close
+        )
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
-        corral.check_ref(ref, provider_id=self.provider_id, current=self.schema_version)
-        payload = corral.structure_payload(ref.payload, _Payload, provider_id=self.provider_id)
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
+        corral.provider.check_ref(ref, provider_id=self.provider_id, current=self.schema_version)
+        payload = corral.provider.structure_payload(
+            ref.payload, _Payload, provider_id=self.provider_id
+        )
         wid = payload.workspace_id
         if wid not in self._states:
             if wid in type(self).closed_ids:
@@ -155,7 +164,7 @@ class TombstoneProvider(ReferenceProvider):
 class TransientRefusalProvider(ReferenceProvider):
     """Marks every resolve failure transient, so the registry retries bad refs."""
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
         try:
             return await super().resolve(ref)
         except WorkspaceFailedError as exc:
@@ -167,9 +176,9 @@ class TransientRefusalProvider(ReferenceProvider):
 class NewIdOnResolveProvider(ReferenceProvider):
     """Resolve hands out a new workspace id each time (same state underneath)."""
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
         ws = await super().resolve(ref)
-        return corral.ModularWorkspace(
+        return corral.provider.ModularWorkspace(
             f"{ws.id}-{secrets.token_hex(2)}", fs=ws.fs, snapshot=ws.snapshot, on_close=ws.close
         )
 
@@ -177,7 +186,7 @@ class NewIdOnResolveProvider(ReferenceProvider):
 class LegacyIsEmptyProvider(ReferenceProvider):
     """Treats a version-less (legacy) ref as a request for a new workspace."""
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
         if ref.schema_version is None:
             await super().resolve(ref)
             return self._workspace(self.new_state())
@@ -219,7 +228,7 @@ class InstanceBoundProvider(ReferenceProvider):
         ref = super().ref_of(state)
         return attrs.evolve(ref, payload={**ref.payload, "boot": self._boot})
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
         payload = dict(ref.payload) if isinstance(ref.payload, Mapping) else {}
         if payload.get("boot") != self._boot:
             raise WorkspaceFailedError("the workspace is gone", provider_id=self.provider_id)
@@ -232,9 +241,9 @@ class CachingProvider(ReferenceProvider):
 
     def __init__(self) -> None:
         super().__init__()
-        self._cache: dict[str, corral.ModularWorkspace] = {}
+        self._cache: dict[str, corral.provider.ModularWorkspace] = {}
 
-    def _workspace(self, state: _State) -> corral.ModularWorkspace:
+    def _workspace(self, state: _State) -> corral.provider.ModularWorkspace:
         ws = super()._workspace(state)
         self._cache[ws.id] = ws
         return ws
@@ -254,9 +263,9 @@ class _SharedBufferFs(_FileSystem):
 class SharedBufferProvider(ReferenceProvider):
     """Sequential use is fine; two sessions writing at once swap contents."""
 
-    def _workspace(self, state: _State) -> corral.ModularWorkspace:
+    def _workspace(self, state: _State) -> corral.provider.ModularWorkspace:
         ws = super()._workspace(state)
-        return corral.ModularWorkspace(
+        return corral.provider.ModularWorkspace(
             ws.id, fs=_SharedBufferFs(state), snapshot=ws.snapshot, on_close=ws.close
         )
 
@@ -291,7 +300,7 @@ def _local_bash(tmp: Path, shell_wrapper: type[Any]) -> Callable[[], Any]:
 
 def _with_shell(ws: Any, shell_wrapper: type[Any]) -> Any:
     shell = ws.shell
-    return corral.ModularWorkspace(
+    return corral.provider.ModularWorkspace(
         ws.id,
         fs=ws.fs,
         shell=None if shell is None else shell_wrapper(shell),
@@ -343,14 +352,16 @@ def test_shell_state_defects_fail_their_rules(
 class _GrepAfterCloseFs(_FileSystem):
     """grep forgot the closed check."""
 
-    async def grep(self, matcher: corral.Matcher, options: corral.GrepOptions) -> Any:
+    async def grep(
+        self, matcher: corral.capability.Matcher, options: corral.capability.GrepOptions
+    ) -> Any:
         return self._state.model.grep(matcher, options)
 
 
 class GrepAfterCloseProvider(ReferenceProvider):
-    def _workspace(self, state: _State) -> corral.ModularWorkspace:
+    def _workspace(self, state: _State) -> corral.provider.ModularWorkspace:
         ws = super()._workspace(state)
-        return corral.ModularWorkspace(
+        return corral.provider.ModularWorkspace(
             ws.id, fs=_GrepAfterCloseFs(state), snapshot=ws.snapshot, on_close=ws.close
         )
 
@@ -358,7 +369,7 @@ class GrepAfterCloseProvider(ReferenceProvider):
 class WrongClosedCodeProvider(ReferenceProvider):
     """After close, module calls fail with code ``failed`` instead of ``closed``."""
 
-    def _workspace(self, state: _State) -> corral.ModularWorkspace:
+    def _workspace(self, state: _State) -> corral.provider.ModularWorkspace:
         ws = super()._workspace(state)
 
         class Fs(_FileSystem):
@@ -367,13 +378,15 @@ class WrongClosedCodeProvider(ReferenceProvider):
                     raise OperationError("workspace is not usable", code="failed")
                 return await super().ls(path)
 
-        return corral.ModularWorkspace(ws.id, fs=Fs(state), snapshot=ws.snapshot, on_close=ws.close)
+        return corral.provider.ModularWorkspace(
+            ws.id, fs=Fs(state), snapshot=ws.snapshot, on_close=ws.close
+        )
 
 
 class HandleOnlyCloseProvider(ReferenceProvider):
     """close() forgets the workspace and closes its own handle; the data stays reachable."""
 
-    def _workspace(self, state: _State) -> corral.ModularWorkspace:
+    def _workspace(self, state: _State) -> corral.provider.ModularWorkspace:
         own = _State(workspace_id=state.workspace_id, model=state.model)
         own.snapshots = state.snapshots
 
@@ -381,7 +394,9 @@ class HandleOnlyCloseProvider(ReferenceProvider):
             own.closed = True
             self._states.pop(state.workspace_id, None)
 
-        return corral.ModularWorkspace(state.workspace_id, fs=_FileSystem(own), on_close=on_close)
+        return corral.provider.ModularWorkspace(
+            state.workspace_id, fs=_FileSystem(own), on_close=on_close
+        )
 
     @property
     def capabilities(self) -> frozenset[str]:
@@ -391,7 +406,7 @@ class HandleOnlyCloseProvider(ReferenceProvider):
 class CloseAllProvider(ReferenceProvider):
     """close() clears the whole process-wide index, other sessions included."""
 
-    def _workspace(self, state: _State) -> corral.ModularWorkspace:
+    def _workspace(self, state: _State) -> corral.provider.ModularWorkspace:
         ws = super()._workspace(state)
 
         async def on_close() -> None:
@@ -400,7 +415,9 @@ class CloseAllProvider(ReferenceProvider):
                 other.closed = True
             self._states.clear()
 
-        return corral.ModularWorkspace(ws.id, fs=ws.fs, snapshot=ws.snapshot, on_close=on_close)
+        return corral.provider.ModularWorkspace(
+            ws.id, fs=ws.fs, snapshot=ws.snapshot, on_close=on_close
+        )
 
 
 @pytest.mark.parametrize(

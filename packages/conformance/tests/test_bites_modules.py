@@ -22,21 +22,20 @@ import attrs
 import pytest
 
 import corral
+import corral.provider
 from corral import (
-    CommandRequest,
     ExecResult,
     FileEntry,
     FileStat,
-    GrepOptions,
     GrepResult,
-    Matcher,
-    OpenedWorkspace,
     OperationError,
     ProviderConfig,
     SessionRef,
     SnapshotInfo,
     WorkspaceRef,
 )
+from corral.capability import GrepOptions, Matcher
+from corral.provider import CommandRequest, OpenedWorkspace
 from corral_conformance import ReferenceProvider, check_provider
 from corral_conformance._model import FsModel
 from corral_conformance._reference import _FileSystem, _Snapshotter
@@ -187,7 +186,9 @@ class _WriteReplacesDirectory(_FileSystem):
 
     async def write_file(self, path: str, data: bytes) -> None:
         try:
-            if (await self.stat(path)).type == "dir" and corral.normalize_path(path) != "/":
+            if (await self.stat(path)).type == "dir" and corral.provider.normalize_path(
+                path
+            ) != "/":
                 await self.rm(path, recursive=True)
         except OperationError:
             pass
@@ -235,7 +236,7 @@ class _GlobStarStarNeedsOne(_FileSystem):
         found = await super().glob(pattern, path)
         if not pattern.startswith("**/"):
             return found
-        base = corral.normalize_path(path)
+        base = corral.provider.normalize_path(path)
         depth = 0 if base == "/" else base.count("/")
         return [p for p in found if p.count("/") - depth > 1]
 
@@ -286,7 +287,7 @@ class _RmRootEmpties(_FileSystem):
     """``rm('/', recursive=True)`` empties the workspace instead of refusing."""
 
     async def rm(self, path: str, *, recursive: bool = False) -> None:
-        if corral.normalize_path(path) == "/" and recursive:
+        if corral.provider.normalize_path(path) == "/" and recursive:
             for entry in await self.ls("/"):
                 await super().rm(entry.path, recursive=True)
             return
@@ -298,7 +299,7 @@ class _PrunesEmptyParents(_FileSystem):
 
     async def rm(self, path: str, *, recursive: bool = False) -> None:
         await super().rm(path, recursive=recursive)
-        parent = posixpath.dirname(corral.normalize_path(path))
+        parent = posixpath.dirname(corral.provider.normalize_path(path))
         while parent != "/" and not await self.ls(parent):
             await super().rm(parent)
             parent = posixpath.dirname(parent)
@@ -510,9 +511,9 @@ class _BrokenShellProvider:
     capabilities = property(lambda self: self._inner.capabilities)
     schema_version = property(lambda self: self._inner.schema_version)
 
-    def _wrap(self, ws: Any) -> corral.ModularWorkspace:
+    def _wrap(self, ws: Any) -> corral.provider.ModularWorkspace:
         shell = ws.shell
-        return corral.ModularWorkspace(
+        return corral.provider.ModularWorkspace(
             ws.id,
             fs=ws.fs,
             shell=None if shell is None else _ShellWrapper(shell, self._fix),
@@ -527,7 +528,7 @@ class _BrokenShellProvider:
         opened = await self._inner.open(config, session, declared)
         return OpenedWorkspace(workspace=self._wrap(opened.workspace), ref=opened.ref)
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
         return self._wrap(await self._inner.resolve(ref))
 
 

@@ -19,15 +19,9 @@ import attrs
 import pytest
 
 import corral
-from corral import (
-    ExecError,
-    ExecResult,
-    OpenedWorkspace,
-    OperationError,
-    ProviderConfig,
-    SessionRef,
-    WorkspaceRef,
-)
+import corral.provider
+from corral import ExecError, ExecResult, OperationError, ProviderConfig, SessionRef, WorkspaceRef
+from corral.provider import OpenedWorkspace
 from corral_conformance import check_provider
 
 pytest.importorskip("corral_isolate", reason="corral-isolate is not installed")
@@ -64,8 +58,8 @@ class _BrokenScriptProvider:
     capabilities = property(lambda self: self._inner.capabilities)
     schema_version = property(lambda self: self._inner.schema_version)
 
-    def _wrap(self, ws: Any) -> corral.ModularWorkspace:
-        return corral.ModularWorkspace(
+    def _wrap(self, ws: Any) -> corral.provider.ModularWorkspace:
+        return corral.provider.ModularWorkspace(
             ws.id, script=_Runner(ws.script, self._run), on_close=ws.close, details=ws.details
         )
 
@@ -75,7 +69,7 @@ class _BrokenScriptProvider:
         opened = await self._inner.open(config, session, declared)
         return OpenedWorkspace(workspace=self._wrap(opened.workspace), ref=opened.ref)
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
         return self._wrap(await self._inner.resolve(ref))
 
 

@@ -1,7 +1,7 @@
 """Proof that the versions rules bite: one realistic defect per rule.
 
 Each broken provider is the conformance reference provider (or local-bash,
-for the rule that needs a shell) whose ``corral.Versions`` module carries ONE
+for the rule that needs a shell) whose ``corral.provider.Versions`` module carries ONE
 defect a version-store author could plausibly ship: a restore that only
 writes what the version holds, a diff that compares sizes, a "version read"
 that reads the live file, a branch that shares the origin's tree. Each case
@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 
 import corral
-from corral import OpenedWorkspace, ProviderConfig, SessionRef, VersionChange, WorkspaceRef
+import corral.provider
+from corral import ProviderConfig, SessionRef, VersionChange, WorkspaceRef
+from corral.provider import OpenedWorkspace
 from corral_conformance import ReferenceProvider, check_provider
 
 VERSIONS_RULES = ("snapshot.versions",)
@@ -77,8 +79,8 @@ class _Broken:
     capabilities = property(lambda self: self._inner.capabilities)
     schema_version = property(lambda self: self._inner.schema_version)
 
-    def _wrap(self, ws: Any) -> corral.ModularWorkspace:
-        return corral.ModularWorkspace(
+    def _wrap(self, ws: Any) -> corral.provider.ModularWorkspace:
+        return corral.provider.ModularWorkspace(
             ws.id,
             fs=ws.fs,
             shell=ws.shell,
@@ -93,7 +95,7 @@ class _Broken:
         opened = await self._inner.open(config, session, declared)
         return OpenedWorkspace(workspace=self._wrap(opened.workspace), ref=opened.ref)
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
         return self._wrap(await self._inner.resolve(ref))
 
 

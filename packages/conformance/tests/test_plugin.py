@@ -25,8 +25,10 @@ pytest.importorskip("corral_memory", reason="the plugin tests run against corral
 
 def _pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
+    # The dev venv holds pytest-asyncio (through langchain-tests), which warns at
+    # start-up unless configured; a user's unrelated plugin is not under test here.
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:asyncio", *args],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from corral import Workspace, WorkspaceProvider
+from corral.provider import Workspace, WorkspaceProvider
 from corral_conformance import AbstractProviderTests, ProviderFixtures, ReferenceProvider
 
 

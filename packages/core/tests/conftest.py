@@ -16,15 +16,14 @@ import anyio
 import pytest
 
 import corral
+import corral.capability
+import corral.provider
 from corral import (
     ExecResult,
     FileEntry,
     FileStat,
     GrepMatch,
-    GrepOptions,
     GrepResult,
-    ModularWorkspace,
-    OpenedWorkspace,
     OperationError,
     ProviderConfig,
     SessionRef,
@@ -32,6 +31,8 @@ from corral import (
     WorkspaceFailedError,
     WorkspaceRef,
 )
+from corral.capability import GrepOptions
+from corral.provider import ModularWorkspace, OpenedWorkspace
 
 
 class FakeFs:
@@ -79,9 +80,9 @@ class FakeFs:
 
     async def glob(self, pattern: str, path: str = "/") -> Sequence[str]:
         self._hit("glob")
-        return [p for p in sorted(self.files) if corral.glob_match(pattern, p.lstrip("/"))]
+        return [p for p in sorted(self.files) if corral.provider.glob_match(pattern, p.lstrip("/"))]
 
-    async def grep(self, matcher: corral.Matcher, options: GrepOptions) -> GrepResult:
+    async def grep(self, matcher: corral.capability.Matcher, options: GrepOptions) -> GrepResult:
         self._hit("grep")
         found = [
             GrepMatch(p, n, line)
@@ -111,9 +112,9 @@ class FakeShell:
 
     def __init__(self, calls: list[str]) -> None:
         self.calls = calls
-        self.requests: list[corral.CommandRequest] = []
+        self.requests: list[corral.provider.CommandRequest] = []
 
-    async def run(self, request: corral.CommandRequest) -> ExecResult:
+    async def run(self, request: corral.provider.CommandRequest) -> ExecResult:
         self.calls.append("run")
         self.requests.append(request)
         return ExecResult(exit_code=0, stdout=request.command, duration_ms=1.0)
@@ -179,7 +180,7 @@ class FakeProvider:
 
     async def resolve(self, ref: WorkspaceRef) -> ModularWorkspace:
         self.resolves += 1
-        corral.check_ref(ref, provider_id="fake", current=self.schema_version)
+        corral.provider.check_ref(ref, provider_id="fake", current=self.schema_version)
         ws_id = ref.payload.get("id")
         if not isinstance(ws_id, str) or ws_id not in self.stores:
             raise WorkspaceFailedError("workspace is gone", provider_id="fake")

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from corral import (
+from corral import FsPolicy
+from corral.provider import (
     DEFAULT_MAX_FILE_BYTES,
     CommandRequest,
     FileSystem,
     ForwardingFileSystem,
     ForwardingShell,
-    FsPolicy,
     Shell,
 )
 

@@ -9,13 +9,13 @@ import pytest
 import corral
 from corral import (
     ConfigError,
-    OpenedWorkspace,
     ProviderConfig,
     SessionRef,
     ToolCallError,
     WorkspaceFailedError,
     WorkspaceRef,
 )
+from corral.provider import OpenedWorkspace
 
 pytestmark = pytest.mark.anyio
 

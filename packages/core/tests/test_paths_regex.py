@@ -10,6 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import corral
+import corral._regex
+import corral.provider
 from corral import OperationError
 
 segments = st.text(alphabet="ab.-_", min_size=1, max_size=4)
@@ -29,7 +31,7 @@ segments = st.text(alphabet="ab.-_", min_size=1, max_size=4)
     ],
 )
 def test_normalize_path(raw: str, expected: str) -> None:
-    assert corral.normalize_path(raw) == expected
+    assert corral.provider.normalize_path(raw) == expected
 
 
 @pytest.mark.parametrize(
@@ -47,7 +49,7 @@ def test_normalize_path(raw: str, expected: str) -> None:
 )
 def test_bad_paths_fail_cleanly(raw: str) -> None:
     with pytest.raises(OperationError) as info:
-        corral.normalize_path(raw)
+        corral.provider.normalize_path(raw)
     assert info.value.code == "invalid_path"
 
 
@@ -65,12 +67,12 @@ def test_normalised_paths_never_climb(parts: list[str]) -> None:
             depth += 1
     if climbs:
         with pytest.raises(OperationError, match="escapes"):
-            corral.normalize_path(raw)
+            corral.provider.normalize_path(raw)
         return
-    path = corral.normalize_path(raw)
+    path = corral.provider.normalize_path(raw)
     assert path.startswith("/")
     assert ".." not in path.split("/")
-    assert corral.normalize_path(path) == path
+    assert corral.provider.normalize_path(path) == path
 
 
 @given(
@@ -79,7 +81,7 @@ def test_normalised_paths_never_climb(parts: list[str]) -> None:
 @settings(max_examples=200, deadline=None)
 def test_single_component_glob_agrees_with_fnmatch(parts: list[str], pattern: str) -> None:
     name = parts[0]
-    assert corral.glob_match(pattern, name) == fnmatch.fnmatchcase(name, pattern)
+    assert corral.provider.glob_match(pattern, name) == fnmatch.fnmatchcase(name, pattern)
 
 
 @pytest.mark.parametrize(
@@ -97,7 +99,7 @@ def test_single_component_glob_agrees_with_fnmatch(parts: list[str], pattern: st
     ],
 )
 def test_glob_semantics(pattern: str, path: str, expected: bool) -> None:
-    assert corral.glob_match(pattern, path) is expected
+    assert corral.provider.glob_match(pattern, path) is expected
 
 
 TEXT = "alpha\nBeta beta\r\ngamma\n\ndelta beta"
@@ -115,12 +117,12 @@ def test_engines_report_lines(engine: corral.RegexEngine) -> None:
 
 def test_catastrophic_patterns_are_refused_by_default() -> None:
     for pattern in ["(a+)+$", "(a|aa)*b", "^(a|aa)+$", r"(\w+\s?)*$", r"(x)\1"]:
-        assert corral.looks_catastrophic(pattern)
+        assert corral._regex.looks_catastrophic(pattern)
         with pytest.raises(OperationError) as info:
             corral.RegexModuleEngine().compile(pattern)
         assert info.value.code == "invalid_argument"
     for pattern in ["a+b", "foo|bar", r"\d{3}-\d{4}", "(ab)+"]:
-        assert not corral.looks_catastrophic(pattern)
+        assert not corral._regex.looks_catastrophic(pattern)
 
 
 def test_timeout_stops_a_backtracking_search() -> None:
@@ -149,9 +151,9 @@ def test_invalid_patterns_are_clean_errors() -> None:
 
 
 def test_apply_edit_semantics() -> None:
-    data, count = corral.apply_edit(b"a b a", "a", "x", replace_all=True, where="/f")
+    data, count = corral.provider.apply_edit(b"a b a", "a", "x", replace_all=True, where="/f")
     assert (data, count) == (b"x b x", 2)
-    data, count = corral.apply_edit(b"a b", "b", "c", replace_all=False, where="/f")
+    data, count = corral.provider.apply_edit(b"a b", "b", "c", replace_all=False, where="/f")
     assert (data, count) == (b"a c", 1)
     cases = [
         (b"a a", "a", "x", False, "not_unique"),
@@ -162,5 +164,5 @@ def test_apply_edit_semantics() -> None:
     ]
     for raw, old, new, every, code in cases:
         with pytest.raises(OperationError) as info:
-            corral.apply_edit(raw, old, new, replace_all=every, where="/f")
+            corral.provider.apply_edit(raw, old, new, replace_all=every, where="/f")
         assert info.value.code == code

@@ -9,16 +9,11 @@ import attrs
 import pytest
 
 import corral
+import corral._plugins
+import corral.provider
 import corral.testing
-from corral import (
-    Arg,
-    Capability,
-    SessionRef,
-    ToolEnv,
-    ToolSpec,
-    WorkspaceRegistry,
-    WorkspaceToolset,
-)
+from corral import SessionRef, WorkspaceRegistry, WorkspaceToolset
+from corral.capability import Arg, Capability, ToolEnv, ToolSpec
 
 pytestmark = pytest.mark.anyio
 
@@ -76,8 +71,10 @@ class GitPlugin:
         register(Capability("git", GitPolicy, git_tools, summary="git history"))
 
     @corral.hookimpl
-    def corral_register_providers(self, register: Callable[[corral.ProviderSpec], None]) -> None:
-        register(corral.ProviderSpec("git-host", GitProvider, {"git"}, summary="test"))
+    def corral_register_providers(
+        self, register: Callable[[corral.provider.ProviderSpec], None]
+    ) -> None:
+        register(corral.provider.ProviderSpec("git-host", GitProvider, {"git"}, summary="test"))
 
 
 class GitProvider:
@@ -85,9 +82,11 @@ class GitProvider:
     capabilities = frozenset({"git"})
     schema_version = 1
 
-    async def open(self, config: Any, session: Any, declared: Any = None) -> corral.OpenedWorkspace:
-        ws = corral.ModularWorkspace("g1", extra_modules={"git": FakeGit()})
-        return corral.OpenedWorkspace(ws, corral.WorkspaceRef("git-host", {}, {"git"}, 1))
+    async def open(
+        self, config: Any, session: Any, declared: Any = None
+    ) -> corral.provider.OpenedWorkspace:
+        ws = corral.provider.ModularWorkspace("g1", extra_modules={"git": FakeGit()})
+        return corral.provider.OpenedWorkspace(ws, corral.WorkspaceRef("git-host", {}, {"git"}, 1))
 
     async def resolve(self, ref: corral.WorkspaceRef) -> Any:
         raise corral.WorkspaceFailedError("not resumable")
@@ -157,7 +156,7 @@ def test_entry_point_plugins_load_and_can_be_blocked(monkeypatch: pytest.MonkeyP
     plugins = corral.load_plugins()
     assert "in-memory" in plugins.providers
     assert plugins.providers["in-memory"].version is not None
-    monkeypatch.setenv(corral.BLOCK_ENV, "memory, other")
+    monkeypatch.setenv(corral._plugins.BLOCK_ENV, "memory, other")
     blocked = corral.load_plugins()
     assert "in-memory" not in blocked.providers
     with pytest.raises(corral.ConfigError, match="unknown provider kind 'in-memory'"):
@@ -218,7 +217,7 @@ def _plugin(*specs: ToolSpec[GitPolicy, Git], controls_session: bool = False) ->
 
         @corral.hookimpl
         def corral_register_providers(self, register: Any) -> None:
-            register(corral.ProviderSpec("git-host", GitProvider, {"git"}, summary="test"))
+            register(corral.provider.ProviderSpec("git-host", GitProvider, {"git"}, summary="test"))
 
     return corral.load_plugins([Plugin()], entrypoints=False)
 

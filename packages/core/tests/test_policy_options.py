@@ -15,6 +15,7 @@ import attrs
 import pytest
 
 import corral
+import corral.capability
 from corral._builtin_capabilities import BUILTIN_CAPABILITIES
 from corral._policies import OptionTypeError, structure_option
 
@@ -68,7 +69,7 @@ def _fits(value: object, tp: Any) -> bool:
     raise AssertionError(f"policy field type {tp!r} is not covered by this test")
 
 
-def _fields() -> Iterator[tuple[corral.Capability[Any, Any], attrs.Attribute[Any]]]:
+def _fields() -> Iterator[tuple[corral.capability.Capability[Any, Any], attrs.Attribute[Any]]]:
     for cap in BUILTIN_CAPABILITIES:
         yield from ((cap, f) for f in attrs.fields(attrs.resolve_types(cap.policy_type)))
 
@@ -82,7 +83,7 @@ CASES = [
 
 @pytest.mark.parametrize(("cap", "key", "value"), CASES)
 def test_a_wrong_type_is_an_error_naming_the_key(
-    cap: corral.Capability[Any, Any], key: str, value: object
+    cap: corral.capability.Capability[Any, Any], key: str, value: object
 ) -> None:
     with pytest.raises(corral.ConfigError) as info:
         cap.parse_policy({key: value})
@@ -93,7 +94,7 @@ def test_a_wrong_type_is_an_error_naming_the_key(
 
 @pytest.mark.parametrize(("cap", "key", "value"), CASES)
 def test_direct_construction_refuses_the_same_values(
-    cap: corral.Capability[Any, Any], key: str, value: object
+    cap: corral.capability.Capability[Any, Any], key: str, value: object
 ) -> None:
     policy_type = cap.policy_type
     with pytest.raises((TypeError, ValueError)):
@@ -109,7 +110,9 @@ def test_allowed_commands_as_a_string_is_not_iterated() -> None:
 
 
 @pytest.mark.parametrize("cap", BUILTIN_CAPABILITIES, ids=lambda c: c.name)
-def test_unknown_keys_are_refused_with_the_known_ones(cap: corral.Capability[Any, Any]) -> None:
+def test_unknown_keys_are_refused_with_the_known_ones(
+    cap: corral.capability.Capability[Any, Any],
+) -> None:
     with pytest.raises(corral.ConfigError, match=r"unknown option 'nope' \(known: "):
         cap.parse_policy({"nope": 1})
 

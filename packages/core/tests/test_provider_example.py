@@ -19,6 +19,7 @@ from typing import Any, cast
 import pytest
 
 import corral
+import corral.provider
 
 pytestmark = pytest.mark.anyio
 
@@ -144,8 +145,12 @@ class _MisspellingProvider:
     schema_version = 1
 
     async def open(self, config: Any, session: Any, declared: Any = None) -> Any:
-        ws = corral.ModularWorkspace("m1", fs=cast(corral.FileSystem, _MisspellingFs()))
-        return corral.OpenedWorkspace(ws, corral.WorkspaceRef("misspelling", {}, {"fs"}, 1))
+        ws = corral.provider.ModularWorkspace(
+            "m1", fs=cast(corral.provider.FileSystem, _MisspellingFs())
+        )
+        return corral.provider.OpenedWorkspace(
+            ws, corral.WorkspaceRef("misspelling", {}, {"fs"}, 1)
+        )
 
     async def resolve(self, ref: corral.WorkspaceRef) -> Any:
         raise corral.WorkspaceFailedError("not resumable")

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -159,6 +162,53 @@ def test_quick_example_from_the_readme(capsys: pytest.CaptureFixture[str]) -> No
     assert capsys.readouterr().out.splitlines() == ["hi", "10"]
 
 
+def _require(env: str, ready: bool, why: str) -> None:
+    if ready:
+        return
+    if os.environ.get(env) == "1":
+        pytest.fail(f"{why}, and {env}=1 requires it")
+    pytest.skip(why)
+
+
+def _docker_default_image_ready() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    probe = subprocess.run(
+        ["docker", "image", "inspect", "debian:bookworm-slim"],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    return probe.returncode == 0
+
+
+@pytest.mark.parametrize("kind", ["local-sandbox", "docker"])
+def test_quick_example_runs_as_pasted_on_every_shell_provider(
+    kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's first screen with only the provider kind changed, defaults and all."""
+    if kind == "local-sandbox":
+        _require("CORRAL_REQUIRE_BWRAP", shutil.which("bwrap") is not None, "no bubblewrap")
+    else:
+        _require(
+            "CORRAL_REQUIRE_DOCKER",
+            _docker_default_image_ready(),
+            "no Docker engine with debian:bookworm-slim (packages/docker/scripts/ci-setup.sh)",
+        )
+    code = next(b for b in blocks() if "anyio.run(main)" in b)
+    assert '"local-bash"' in code
+    exec(compile(code.replace('"local-bash"', f'"{kind}"'), str(README), "exec"), {})
+    assert capsys.readouterr().out.splitlines() == ["hi", "10"]
+
+
+def test_quick_example_on_in_memory_fails_at_open_as_the_readme_says() -> None:
+    code = next(b for b in blocks() if "anyio.run(main)" in b)
+    from corral import ConfigError
+
+    with pytest.raises(ConfigError, match="shell"):
+        exec(compile(code.replace('"local-bash"', '"in-memory"'), str(README), "exec"), {})
+
+
 CORE_README = Path(__file__).parents[1] / "README.md"
 
 
@@ -178,6 +228,7 @@ def capability_example() -> Any:
 
 async def test_capability_example_from_the_core_readme() -> None:
     import corral
+    import corral.provider
 
     example = capability_example()
     await example.test_git_log()
@@ -188,8 +239,10 @@ async def test_capability_example_from_the_core_readme() -> None:
         schema_version = 1
 
         async def open(self, config: Any, session: Any, declared: Any = None) -> Any:
-            ws = corral.ModularWorkspace("g1", extra_modules={"git": example.FakeGit()})
-            return corral.OpenedWorkspace(ws, corral.WorkspaceRef("git-host", {}, {"git"}, 1))
+            ws = corral.provider.ModularWorkspace("g1", extra_modules={"git": example.FakeGit()})
+            return corral.provider.OpenedWorkspace(
+                ws, corral.WorkspaceRef("git-host", {}, {"git"}, 1)
+            )
 
         async def resolve(self, ref: corral.WorkspaceRef) -> Any:
             raise corral.WorkspaceFailedError("not resumable")

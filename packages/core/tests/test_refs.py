@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import corral
+import corral.provider
 from corral import WorkspaceFailedError, WorkspaceRef
 
 json_values = st.recursive(
@@ -63,19 +64,19 @@ def test_malformed_refs_are_rejected_without_echo(data: str) -> None:
 @settings(max_examples=100, deadline=None)
 def test_schema_versions_outside_n_minus_one_are_rejected(version: int) -> None:
     with pytest.raises(WorkspaceFailedError, match=r"supports None, 1, 2"):
-        corral.check_ref_schema_version(version, provider_id="p", current=2)
+        corral.provider.check_ref_schema_version(version, provider_id="p", current=2)
 
 
 def test_supported_versions_pass_and_migration_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO):
         for version in (None, 1, 2):
-            corral.check_ref_schema_version(version, provider_id="p", current=2)
+            corral.provider.check_ref_schema_version(version, provider_id="p", current=2)
     assert "migrating ref from v1 to v2" in caplog.text
 
 
 def test_foreign_ref_is_refused() -> None:
     with pytest.raises(WorkspaceFailedError, match="another provider"):
-        corral.check_ref(WorkspaceRef("other", {}, set(), 2), provider_id="p", current=2)
+        corral.provider.check_ref(WorkspaceRef("other", {}, set(), 2), provider_id="p", current=2)
 
 
 @attrs.frozen
@@ -86,7 +87,7 @@ class Payload:
 
 
 def test_structure_payload_is_strict() -> None:
-    ok = corral.structure_payload({"directory": "d", "size": 3}, Payload, provider_id="p")
+    ok = corral.provider.structure_payload({"directory": "d", "size": 3}, Payload, provider_id="p")
     assert ok == Payload("d", 3)
     for bad in (
         {"directory": "d", "size": "3"},
@@ -96,9 +97,9 @@ def test_structure_payload_is_strict() -> None:
         [JUNK],
     ):
         with pytest.raises(WorkspaceFailedError) as info:
-            corral.structure_payload(bad, Payload, provider_id="p")
+            corral.provider.structure_payload(bad, Payload, provider_id="p")
         assert JUNK not in str(info.value)
-    assert json.loads(json.dumps(corral.unstructure_payload(ok))) == {
+    assert json.loads(json.dumps(corral.provider.unstructure_payload(ok))) == {
         "directory": "d",
         "size": 3,
         "tags": [],

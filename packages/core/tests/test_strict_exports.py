@@ -10,8 +10,10 @@ import attrs
 import pytest
 
 import corral
-from corral import Arg, OperationError, args_schema
+import corral.capability
+from corral import OperationError
 from corral._builtin_capabilities import BUILTIN_CAPABILITIES
+from corral.capability import Arg, args_schema
 
 pytestmark = pytest.mark.anyio
 
@@ -147,7 +149,7 @@ def test_every_builtin_strict_schema_follows_openai_strict_mode(spec: Any) -> No
 @pytest.mark.parametrize("spec", builtin_specs(), ids=lambda s: s.name)
 def test_every_builtin_tool_declares_hints_and_a_result_schema(spec: Any) -> None:
     hints = spec.hints
-    assert isinstance(hints, corral.ToolHints)
+    assert isinstance(hints, corral.capability.ToolHints)
     reads = {
         "workspace_read_file",
         "workspace_ls",
@@ -188,7 +190,7 @@ async def test_exports_carry_strict_schemas_hints_and_result_schemas() -> None:
     assert first.get("output_schema") == read.output_schema
     assert loose[0]["strict"] is False
     assert loose[0]["parameters"] == read.parameters
-    assert read.hints == corral.ToolHints(
+    assert read.hints == corral.capability.ToolHints(
         read_only=True, destructive=False, idempotent=True, open_world=False
     )
 

@@ -14,8 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import corral
-from corral import Arg, OperationError, args_schema
+import corral.provider
+from corral import OperationError
 from corral._builtin_capabilities import BUILTIN_CAPABILITIES
+from corral.capability import Arg, args_schema
 
 HERE = Path(__file__).parent
 BEFORE = json.loads((HERE / "data" / "builtin_tool_schemas_before.json").read_text())
@@ -163,7 +165,7 @@ def test_validation_accepts_and_refuses_exactly_what_the_old_schemas_did(
 
 def _bad_path(path: str) -> bool:
     try:
-        corral.normalize_path(path)
+        corral.provider.normalize_path(path)
     except OperationError:
         return True
     return False

@@ -14,6 +14,7 @@ import time
 import anyio
 
 import corral
+import corral.provider
 from corral_docker import DockerProvider
 
 
@@ -42,9 +43,9 @@ def _cli(image: str, rounds: int) -> dict[str, list[float]]:
     return out
 
 
-async def _run_once(shell: corral.Shell) -> float:
+async def _run_once(shell: corral.provider.Shell) -> float:
     t = time.perf_counter()
-    result = await shell.run(corral.CommandRequest("true"))
+    result = await shell.run(corral.provider.CommandRequest("true"))
     assert result.exit_code == 0
     return time.perf_counter() - t
 

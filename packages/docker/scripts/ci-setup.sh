@@ -5,7 +5,8 @@
 #   1. docker.io from Debian when no docker CLI/daemon is installed;
 #   2. dockerd started in the background when the socket does not answer;
 #   3. the test image corral-test:latest built locally from busybox-static
-#      (no registry access needed);
+#      (no registry access needed), and docker's default image
+#      debian:bookworm-slim built with mmdebstrap from Debian's packages;
 #   4. with --ssh (or CORRAL_SETUP_SSH=1): an OpenSSH server on
 #      127.0.0.1:2222 with a key pair generated now, authorised for root,
 #      plus a ~/.ssh/config entry so ssh://root@127.0.0.1:2222 works
@@ -102,6 +103,22 @@ EOF
         -c 'WORKDIR /workspace' \
         -c 'CMD ["/bin/sh"]' - "$IMAGE" >/dev/null
     say "built $IMAGE"
+fi
+
+# 3b. the provider's default image ------------------------------------------
+# No registry is reachable in CI: build debian:bookworm-slim (docker's default
+# image) from Debian's own packages, so examples that use the defaults run as
+# pasted. mmdebstrap's minbase variant is the same package set the official
+# slim image carries.
+DEFAULT_IMAGE="${CORRAL_DOCKER_DEFAULT_IMAGE:-debian:bookworm-slim}"
+if docker image inspect "$DEFAULT_IMAGE" >/dev/null 2>&1; then
+    say "image $DEFAULT_IMAGE already present"
+else
+    command -v mmdebstrap >/dev/null 2>&1 || apt_install mmdebstrap
+    say "building $DEFAULT_IMAGE with mmdebstrap (minbase, bookworm)"
+    mmdebstrap --variant=minbase --quiet bookworm - \
+        | docker import -c 'CMD ["bash"]' - "$DEFAULT_IMAGE" >/dev/null
+    say "built $DEFAULT_IMAGE"
 fi
 
 # 4. ssh endpoint for the remote-engine mode --------------------------------

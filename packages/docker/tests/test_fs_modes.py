@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import corral
+import corral.provider
 from corral_docker import DockerProvider
 from corral_posix import TmpdirFileSystem
 
@@ -23,8 +24,10 @@ pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 _RE = corral.get_regex_engine()
 
 
-def _grep(pattern: str, **kw: Any) -> tuple[str, corral.Matcher, corral.GrepOptions]:
-    return ("grep", _RE.compile(pattern), corral.GrepOptions(**kw))
+def _grep(
+    pattern: str, **kw: Any
+) -> tuple[str, corral.provider.Matcher, corral.provider.GrepOptions]:
+    return ("grep", _RE.compile(pattern), corral.provider.GrepOptions(**kw))
 
 
 OPS: list[tuple[Any, ...]] = [
@@ -142,7 +145,7 @@ async def docker_ws(
     image: str,
     tmp_root: str,
     anyio_backend: str,
-) -> AsyncIterator[corral.Workspace]:
+) -> AsyncIterator[corral.provider.Workspace]:
     base_url = None
     if request.param == "remote":
         if anyio_backend != "asyncio":
@@ -161,7 +164,7 @@ async def docker_ws(
 
 
 async def test_fs_matches_the_reference(
-    docker_ws: corral.Workspace, tmp_path: pathlib.Path
+    docker_ws: corral.provider.Workspace, tmp_path: pathlib.Path
 ) -> None:
     ref_root = tmp_path / "ref"
     ref_root.mkdir()
@@ -175,7 +178,7 @@ async def test_fs_matches_the_reference(
         os.symlink(target, str(ref_root) + link)
 
     async def ws_symlink(target: str, link: str) -> None:
-        result = await shell.run(corral.CommandRequest(f"ln -s {target} /workspace{link}"))
+        result = await shell.run(corral.provider.CommandRequest(f"ln -s {target} /workspace{link}"))
         assert result.exit_code == 0, result.stderr
 
     mismatches = []
@@ -192,21 +195,25 @@ async def test_fs_matches_the_reference(
 
 
 async def test_files_written_in_the_container_are_visible_and_not_root_owned(
-    docker_ws: corral.Workspace,
+    docker_ws: corral.provider.Workspace,
 ) -> None:
     assert docker_ws.shell is not None
     assert docker_ws.fs is not None
     result = await docker_ws.shell.run(
-        corral.CommandRequest("mkdir -p sub && echo made > sub/f.txt", allow_shell_syntax=True)
+        corral.provider.CommandRequest(
+            "mkdir -p sub && echo made > sub/f.txt", allow_shell_syntax=True
+        )
     )
     assert result.exit_code == 0, result.stderr
     assert await docker_ws.fs.read_file("/sub/f.txt") == b"made\n"
     await docker_ws.fs.write_file("/sub/f.txt", b"host\n")
     again = await docker_ws.shell.run(
-        corral.CommandRequest("echo more >> sub/f.txt && cat sub/f.txt", allow_shell_syntax=True)
+        corral.provider.CommandRequest(
+            "echo more >> sub/f.txt && cat sub/f.txt", allow_shell_syntax=True
+        )
     )
     assert again.stdout == "host\nmore\n"
-    root = corral.describe_workspace(docker_ws)["root"]
+    root = corral.provider.describe_workspace(docker_ws)["root"]
     if root is not None:
         st = os.stat(os.path.join(root, "sub", "f.txt"))
         assert st.st_uid != 0

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pytest
 
 import corral
+import corral.provider
 from corral_docker import LABEL_WORKSPACE, DockerProvider, SdkEngine, collect_garbage
 
 _CHILD = textwrap.dedent(
@@ -74,12 +75,12 @@ async def test_crash_then_resolve_leaves_exactly_one_container(
     ws = await provider.resolve(ref)
     try:
         (current,) = docker_ps(label)
-        assert not corral.describe_workspace(ws)["container_id"].startswith(orphan)
+        assert not corral.provider.describe_workspace(ws)["container_id"].startswith(orphan)
         assert current != orphan
         assert ws.fs is not None
         assert ws.shell is not None
         assert await ws.fs.read_file("/survivor.txt") == b"still here"
-        result = await ws.shell.run(corral.CommandRequest("cat survivor.txt"))
+        result = await ws.shell.run(corral.provider.CommandRequest("cat survivor.txt"))
         assert result.stdout == "still here"
         # gc keeps the container of a live owner.
         await collect_garbage(engine)

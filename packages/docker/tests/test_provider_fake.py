@@ -8,6 +8,7 @@ import pathlib
 import pytest
 
 import corral
+import corral.provider
 from corral_docker import (
     LABEL_WORKSPACE,
     DockerProvider,
@@ -52,7 +53,7 @@ async def test_open_creates_one_hardened_labelled_container(
     text = corral.ref_to_json(opened.ref)
     (cid,) = fake.specs
     assert cid not in text
-    assert corral.describe_workspace(ws)["hardening"]["weakened"] == []
+    assert corral.provider.describe_workspace(ws)["hardening"]["weakened"] == []
     await ws.close()
     assert fake.specs == {}
     assert not pathlib.Path(mount.source).exists()
@@ -151,7 +152,7 @@ async def test_shell_guards_on_host_then_execs(fake: FakeDockerEngine, tmp_root:
     opened = await _provider(fake, tmp_root).open(CONFIG, corral.SessionRef("s"))
     shell = opened.workspace.shell
     assert shell is not None
-    result = await shell.run(corral.CommandRequest("echo hi", cwd="/sub", env={"A": "1"}))
+    result = await shell.run(corral.provider.CommandRequest("echo hi", cwd="/sub", env={"A": "1"}))
     assert (result.exit_code, result.stdout, result.stderr) == (3, "out", "err")
     (call,) = fake.execs
     assert call.argv[-2:] == ("echo", "hi")
@@ -160,14 +161,14 @@ async def test_shell_guards_on_host_then_execs(fake: FakeDockerEngine, tmp_root:
     assert "CORRAL_EXEC" in call.env
     assert call.user == next(iter(fake.specs.values())).user
     with pytest.raises(corral.OperationError) as info:
-        await shell.run(corral.CommandRequest("echo hi; rm -rf /"))
+        await shell.run(corral.provider.CommandRequest("echo hi; rm -rf /"))
     assert info.value.code == "policy_denied"
     with pytest.raises(corral.OperationError):
-        await shell.run(corral.CommandRequest("env", env={"LD_PRELOAD": "/x.so"}))
+        await shell.run(corral.provider.CommandRequest("env", env={"LD_PRELOAD": "/x.so"}))
     assert len(fake.execs) == 1  # refused commands never reach the engine
     await opened.workspace.close()
     with pytest.raises(corral.OperationError) as closed:
-        await shell.run(corral.CommandRequest("true"))
+        await shell.run(corral.provider.CommandRequest("true"))
     assert closed.value.code == "closed"
 
 
@@ -176,7 +177,7 @@ async def test_timeout_kills_by_marker(fake: FakeDockerEngine, tmp_root: str) ->
     shell = opened.workspace.shell
     assert shell is not None
     fake.exec_delay_s = 2
-    result = await shell.run(corral.CommandRequest("sleep 100", timeout_s=0.2))
+    result = await shell.run(corral.provider.CommandRequest("sleep 100", timeout_s=0.2))
     assert result.timed_out
     assert result.exit_code is None
     run, kill = fake.execs
@@ -192,7 +193,7 @@ async def test_vanished_container_evicts(fake: FakeDockerEngine, tmp_root: str) 
     shell = opened.workspace.shell
     assert shell is not None
     with pytest.raises(corral.WorkspaceEvictedError):
-        await shell.run(corral.CommandRequest("true"))
+        await shell.run(corral.provider.CommandRequest("true"))
     await opened.workspace.close()
 
 
@@ -204,7 +205,7 @@ async def test_exec_engine_error_is_an_operation_error(
     shell = opened.workspace.shell
     assert shell is not None
     with pytest.raises(corral.OperationError) as info:
-        await shell.run(corral.CommandRequest("true"))
+        await shell.run(corral.provider.CommandRequest("true"))
     assert info.value.code == "failed"
     await opened.workspace.close()
 
@@ -255,13 +256,13 @@ async def test_pool_members_are_adopted(fake: FakeDockerEngine, tmp_root: str) -
     assert len(fake.specs) == 2
     creates = len(fake.called("create"))
     opened = await provider.open(corral.ProviderConfig("docker"), corral.SessionRef("s"))
-    assert corral.describe_workspace(opened.workspace)["pooled"] is True
-    cid = corral.describe_workspace(opened.workspace)["container_id"]
+    assert corral.provider.describe_workspace(opened.workspace)["pooled"] is True
+    cid = corral.provider.describe_workspace(opened.workspace)["container_id"]
     assert cid in fake.specs
     custom = await provider.open(
         corral.ProviderConfig("docker", {"pids_limit": 10}), corral.SessionRef("t")
     )
-    assert corral.describe_workspace(custom.workspace)["pooled"] is False
+    assert corral.provider.describe_workspace(custom.workspace)["pooled"] is False
     assert await provider.warm(timeout_s=10)
     assert len(fake.called("create")) >= creates + 2
     await opened.workspace.close()

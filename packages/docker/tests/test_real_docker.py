@@ -14,13 +14,16 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 import corral
+import corral.provider
 from corral_docker import DockerProvider
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
 
 @pytest.fixture
-async def ws(docker_ready: None, image: str, tmp_root: str) -> AsyncIterator[corral.Workspace]:
+async def ws(
+    docker_ready: None, image: str, tmp_root: str
+) -> AsyncIterator[corral.provider.Workspace]:
     provider = DockerProvider(image=image, tmpdir_root=tmp_root)
     opened = await provider.open(corral.ProviderConfig("docker"), corral.SessionRef("real"))
     try:
@@ -30,9 +33,11 @@ async def ws(docker_ready: None, image: str, tmp_root: str) -> AsyncIterator[cor
         await provider.aclose()
 
 
-async def sh(ws: corral.Workspace, command: str, **kw: object) -> corral.ExecResult:
+async def sh(ws: corral.provider.Workspace, command: str, **kw: object) -> corral.ExecResult:
     assert ws.shell is not None
-    return await ws.shell.run(corral.CommandRequest(command, allow_shell_syntax=True, **kw))  # type: ignore[arg-type]
+    return await ws.shell.run(
+        corral.provider.CommandRequest(command, allow_shell_syntax=True, **kw)
+    )  # type: ignore[arg-type]
 
 
 def _inspect(container_id: str) -> dict[str, object]:
@@ -44,8 +49,8 @@ def _inspect(container_id: str) -> dict[str, object]:
     return doc
 
 
-async def test_hardening_as_the_engine_reports_it(ws: corral.Workspace) -> None:
-    details = corral.describe_workspace(ws)
+async def test_hardening_as_the_engine_reports_it(ws: corral.provider.Workspace) -> None:
+    details = corral.provider.describe_workspace(ws)
     doc = _inspect(details["container_id"])
     host = doc["HostConfig"]
     config = doc["Config"]
@@ -79,7 +84,7 @@ async def test_hardening_as_the_engine_reports_it(ws: corral.Workspace) -> None:
     assert details["hardening"]["weakened"] == []
 
 
-async def test_writes_outside_the_workspace_fail(ws: corral.Workspace) -> None:
+async def test_writes_outside_the_workspace_fail(ws: corral.provider.Workspace) -> None:
     for target in ("/etc/evil", "/evil", "/usr/bin/evil", "/home/evil"):
         result = await sh(ws, f"echo x > {target}")
         assert result.exit_code != 0, target
@@ -124,7 +129,7 @@ def host_listener() -> Iterator[tuple[int, list[str]]]:
 
 
 async def test_no_network_reaches_the_host(
-    ws: corral.Workspace, host_listener: tuple[int, list[str]]
+    ws: corral.provider.Workspace, host_listener: tuple[int, list[str]]
 ) -> None:
     port, hits = host_listener
     with socket.create_connection(("127.0.0.1", port), timeout=5):
@@ -138,8 +143,8 @@ async def test_no_network_reaches_the_host(
     assert hits == ["127.0.0.1"]
 
 
-async def test_planted_setuid_root_binary_grants_nothing(ws: corral.Workspace) -> None:
-    root = corral.describe_workspace(ws)["root"]
+async def test_planted_setuid_root_binary_grants_nothing(ws: corral.provider.Workspace) -> None:
+    root = corral.provider.describe_workspace(ws)["root"]
     busybox = shutil.which("busybox")
     if os.geteuid() != 0 or busybox is None:
         pytest.skip("planting a setuid-root file needs root and busybox on the host")
@@ -155,7 +160,7 @@ async def test_planted_setuid_root_binary_grants_nothing(ws: corral.Workspace) -
     assert int(lines[2].split(":")[1], 16) == 0
 
 
-async def test_timeout_kills_the_whole_tree(ws: corral.Workspace) -> None:
+async def test_timeout_kills_the_whole_tree(ws: corral.provider.Workspace) -> None:
     result = await sh(
         ws,
         "sleep 301 & setsid sleep 302 & (sleep 303 &) ; sleep 304",
@@ -167,7 +172,7 @@ async def test_timeout_kills_the_whole_tree(ws: corral.Workspace) -> None:
     assert not [line for line in left.stdout.splitlines() if "sleep 30" in line], left.stdout
 
 
-async def test_output_cap_and_exit_codes(ws: corral.Workspace) -> None:
+async def test_output_cap_and_exit_codes(ws: corral.provider.Workspace) -> None:
     result = await sh(
         ws, "head -c 100000 /dev/zero | tr '\\0' a; echo done >&2; exit 7", max_output_bytes=1000
     )
@@ -177,10 +182,10 @@ async def test_output_cap_and_exit_codes(ws: corral.Workspace) -> None:
     assert result.stderr == "done\n"
 
 
-async def test_missing_cwd_is_not_found(ws: corral.Workspace) -> None:
+async def test_missing_cwd_is_not_found(ws: corral.provider.Workspace) -> None:
     assert ws.shell is not None
     with pytest.raises(corral.OperationError) as info:
-        await ws.shell.run(corral.CommandRequest("true", cwd="/nope"))
+        await ws.shell.run(corral.provider.CommandRequest("true", cwd="/nope"))
     assert info.value.code == "not_found"
 
 

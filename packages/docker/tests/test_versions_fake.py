@@ -8,6 +8,7 @@ import anyio
 import pytest
 
 import corral
+import corral.provider
 from corral_docker import DockerProvider, FakeDockerEngine
 from corral_docker._versions import KILL_EXECS, CommandGate
 
@@ -27,7 +28,7 @@ async def test_restore_stops_commands_then_restores_in_place(
     ws = opened.workspace
     assert ws.fs is not None
     assert ws.snapshot is not None
-    root = pathlib.Path(corral.describe_workspace(ws)["root"])
+    root = pathlib.Path(corral.provider.describe_workspace(ws)["root"])
     root_ino = root.stat().st_ino
     await ws.fs.write_file("/a.txt", b"one")
     info = await ws.snapshot.snapshot()

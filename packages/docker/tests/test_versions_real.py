@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 import corral
+import corral.provider
 from corral_docker import DockerProvider
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
@@ -19,7 +20,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 @pytest.fixture
 async def opened(
     docker_ready: None, image: str, tmp_root: str
-) -> AsyncIterator[tuple[DockerProvider, corral.OpenedWorkspace]]:
+) -> AsyncIterator[tuple[DockerProvider, corral.provider.OpenedWorkspace]]:
     provider = DockerProvider(image=image, tmpdir_root=tmp_root)
     got = await provider.open(corral.ProviderConfig("docker"), corral.SessionRef("versions"))
     try:
@@ -29,19 +30,21 @@ async def opened(
         await provider.aclose()
 
 
-async def sh(ws: corral.Workspace, command: str, **kw: float) -> corral.ExecResult:
+async def sh(ws: corral.provider.Workspace, command: str, **kw: float) -> corral.ExecResult:
     assert ws.shell is not None
-    return await ws.shell.run(corral.CommandRequest(command, allow_shell_syntax=True, **kw))  # type: ignore[arg-type]
+    return await ws.shell.run(
+        corral.provider.CommandRequest(command, allow_shell_syntax=True, **kw)
+    )  # type: ignore[arg-type]
 
 
 async def test_restore_in_place_keeps_the_container_and_its_user(
-    opened: tuple[DockerProvider, corral.OpenedWorkspace],
+    opened: tuple[DockerProvider, corral.provider.OpenedWorkspace],
 ) -> None:
     provider, got = opened
     ws = got.workspace
     snap = ws.snapshot
-    assert isinstance(snap, corral.Versions)
-    details = corral.describe_workspace(ws)
+    assert isinstance(snap, corral.provider.Versions)
+    details = corral.provider.describe_workspace(ws)
     root = pathlib.Path(details["root"])
     made = await sh(ws, "mkdir -p src/pkg && echo v1 > src/pkg/a.txt && ln -s a.txt src/pkg/l")
     assert made.exit_code == 0, made.stderr
@@ -50,7 +53,7 @@ async def test_restore_in_place_keeps_the_container_and_its_user(
     assert changed.exit_code == 0, changed.stderr
     await snap.restore(v1.snapshot_id)
     # The same container saw it all happen through the bind mount.
-    assert corral.describe_workspace(ws)["container_id"] == details["container_id"]
+    assert corral.provider.describe_workspace(ws)["container_id"] == details["container_id"]
     seen = await sh(ws, "cat src/pkg/a.txt; readlink src/pkg/l; ls")
     assert seen.stdout == "v1\na.txt\nsrc\n"
     # Recreated entries belong to the container user, who can change them again.
@@ -77,7 +80,7 @@ async def test_restore_in_place_keeps_the_container_and_its_user(
 
 
 async def test_a_command_writing_during_a_restore_is_stopped(
-    opened: tuple[DockerProvider, corral.OpenedWorkspace],
+    opened: tuple[DockerProvider, corral.provider.OpenedWorkspace],
 ) -> None:
     _provider, got = opened
     ws = got.workspace

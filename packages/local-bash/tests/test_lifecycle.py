@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 import corral
-from corral import (
+import corral.provider
+from corral import ref_from_json, ref_to_json
+from corral.provider import (
     OperationError,
     ProviderConfig,
     SessionRef,
     WorkspaceEvictedError,
     WorkspaceFailedError,
-    ref_from_json,
-    ref_to_json,
 )
 from corral_local_bash import LocalBashProvider
 
@@ -36,7 +36,7 @@ async def test_open_write_resolve_close(
     provider = make_provider()
     opened = await provider.open(CONFIG, SessionRef("sess-1"))
     ws, ref = opened.workspace, opened.ref
-    assert isinstance(provider, corral.WorkspaceProvider)
+    assert isinstance(provider, corral.provider.WorkspaceProvider)
     assert ref.provider_id == "local-bash"
     assert ref.schema_version == 2
     assert ref.capabilities == ALL
@@ -47,7 +47,7 @@ async def test_open_write_resolve_close(
     assert ws.fs is not None
     await ws.fs.write_file("/notes/a.txt", b"hello")
     assert (wsdir / "notes" / "a.txt").read_bytes() == b"hello"
-    details = corral.describe_workspace(ws)
+    details = corral.provider.describe_workspace(ws)
     assert details["provider"] == "local-bash"
     assert details["root"] == str(wsdir)
     assert details["resolver"] in ("openat2", "walk")

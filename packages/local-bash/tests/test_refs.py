@@ -13,14 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from corral import (
-    ProviderConfig,
-    SessionRef,
-    WorkspaceFailedError,
-    WorkspaceRef,
-    ref_from_json,
-    ref_to_json,
-)
+from corral import ref_from_json, ref_to_json
+from corral.provider import ProviderConfig, SessionRef, WorkspaceFailedError, WorkspaceRef
 from corral_local_bash import LocalBashProvider
 
 CONFIG = ProviderConfig(kind="local-bash")

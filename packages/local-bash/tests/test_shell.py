@@ -9,7 +9,7 @@ from collections.abc import Callable
 import anyio
 import pytest
 
-from corral import CommandRequest, OperationError, ProviderConfig, SessionRef
+from corral.provider import CommandRequest, OperationError, ProviderConfig, SessionRef
 from corral_local_bash import LocalBashProvider
 
 CONFIG = ProviderConfig(kind="local-bash")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from corral import CommandRequest, OperationError, ProviderConfig, SessionRef
+from corral.provider import CommandRequest, OperationError, ProviderConfig, SessionRef
 from corral_local_bash import LocalBashProvider
 
 CONFIG = ProviderConfig(kind="local-bash")

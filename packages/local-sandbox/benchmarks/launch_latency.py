@@ -17,6 +17,7 @@ import time
 import anyio
 
 import corral
+import corral.provider
 from corral_local_bash import LocalBashProvider
 from corral_local_sandbox import LocalSandboxProvider
 
@@ -41,7 +42,7 @@ async def main(n: int) -> None:
         )
         shells = {"local-sandbox": sandbox.workspace.shell, "local-bash": bash.workspace.shell}
         times: dict[str, list[float]] = {"local-sandbox": [], "local-bash": [], "bare bwrap": []}
-        request = corral.CommandRequest("true")
+        request = corral.provider.CommandRequest("true")
         for shell in shells.values():
             assert shell is not None
             for _ in range(3):

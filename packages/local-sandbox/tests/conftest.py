@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import corral
+import corral.provider
 from corral_local_sandbox import LocalSandboxProvider
 
 
@@ -43,7 +44,7 @@ def _require_bwrap(request: pytest.FixtureRequest) -> None:
     pytest.skip(problem)
 
 
-OpenWs = Callable[..., AbstractAsyncContextManager[corral.Workspace]]
+OpenWs = Callable[..., AbstractAsyncContextManager[corral.provider.Workspace]]
 
 
 @pytest.fixture
@@ -51,7 +52,7 @@ def open_ws(tmp_path: Any) -> OpenWs:
     """``async with open_ws(**provider_options) as ws`` -- a real sandboxed workspace."""
 
     @asynccontextmanager
-    async def opener(**options: Any) -> AsyncIterator[corral.Workspace]:
+    async def opener(**options: Any) -> AsyncIterator[corral.provider.Workspace]:
         options.setdefault("tmpdir_root", str(tmp_path))
         provider = LocalSandboxProvider(**options)
         opened = await provider.open(
@@ -66,11 +67,13 @@ def open_ws(tmp_path: Any) -> OpenWs:
 
 
 async def run(
-    ws: corral.Workspace, command: str, *, timeout_s: float = 20.0, **kw: Any
+    ws: corral.provider.Workspace, command: str, *, timeout_s: float = 20.0, **kw: Any
 ) -> corral.ExecResult:
     """Run a shell-syntax command in ``ws``."""
     assert ws.shell is not None
-    request = corral.CommandRequest(command, allow_shell_syntax=True, timeout_s=timeout_s, **kw)
+    request = corral.provider.CommandRequest(
+        command, allow_shell_syntax=True, timeout_s=timeout_s, **kw
+    )
     return await ws.shell.run(request)
 
 

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import pytest
 
 import corral
+import corral.provider
 from corral_local_sandbox import LocalSandboxProvider
 from corral_posix import remove_tree
 
@@ -40,10 +41,10 @@ async def _clean(awaitable: Awaitable[T]) -> T | None:
         return None
 
 
-async def build_deep(ws: corral.Workspace) -> None:
+async def build_deep(ws: corral.provider.Workspace) -> None:
     assert ws.shell is not None
     result = await ws.shell.run(
-        corral.CommandRequest(BUILD, allow_shell_syntax=True, timeout_s=300)
+        corral.provider.CommandRequest(BUILD, allow_shell_syntax=True, timeout_s=300)
     )
     assert result.exit_code == 0, result.stderr
 
@@ -62,11 +63,15 @@ async def deep_tree_scenario(provider: Any, config: corral.ProviderConfig) -> No
     assert {e.name for e in await fs.ls("/")} == {"d", "small.txt"}
     assert (await fs.stat("/d")).type == "dir"
     await _clean(fs.glob("**/leaf.txt"))
-    await _clean(fs.grep(corral.RegexModuleEngine().compile("needle"), corral.GrepOptions()))
+    await _clean(
+        fs.grep(corral.RegexModuleEngine().compile("needle"), corral.provider.GrepOptions())
+    )
     deep = await snap.snapshot("deep")  # a 10,000-level tree is a version like any other
-    assert isinstance(snap, corral.Versions)
+    assert isinstance(snap, corral.provider.Versions)
     found = await snap.grep_at(
-        deep.snapshot_id, corral.RegexModuleEngine().compile("needle"), corral.GrepOptions()
+        deep.snapshot_id,
+        corral.RegexModuleEngine().compile("needle"),
+        corral.provider.GrepOptions(),
     )
     assert [m.line for m in found.matches] == ["needle"]
     await snap.restore(small.snapshot_id)  # by difference: the deep tree is removed
@@ -92,11 +97,11 @@ async def deep_tree_scenario(provider: Any, config: corral.ProviderConfig) -> No
     await again.workspace.close()
 
 
-async def heredoc_bypass_is_refused(ws: corral.Workspace) -> None:
+async def heredoc_bypass_is_refused(ws: corral.provider.Workspace) -> None:
     """Issue 11, item 9, the exact reproduction: ``touch S1`` must not run."""
     assert ws.shell is not None
     assert ws.fs is not None
-    request = corral.CommandRequest(
+    request = corral.provider.CommandRequest(
         'ls <<"A B"\nA B\ntouch S1',
         allowed_commands=frozenset({"ls", "echo"}),
         allow_shell_syntax=True,

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import corral
+import corral.provider
 from corral_local_sandbox import LocalSandboxProvider
 
 pytestmark = pytest.mark.skipif(
@@ -24,7 +25,7 @@ def _sandbox_cgroups() -> set[str]:
     )
 
 
-async def _open(tmp_path: Path, **options: object) -> corral.OpenedWorkspace:
+async def _open(tmp_path: Path, **options: object) -> corral.provider.OpenedWorkspace:
     provider = LocalSandboxProvider(tmpdir_root=str(tmp_path), **options)
     return await provider.open(corral.ProviderConfig("local-sandbox"), corral.SessionRef("s"))
 

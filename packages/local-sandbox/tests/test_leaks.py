@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import corral
+import corral.provider
 from corral_local_sandbox import LocalSandboxProvider
 from corral_local_sandbox import _cgroup as cgroup_mod
 
@@ -24,7 +25,7 @@ from corral_local_sandbox import LocalSandboxProvider
 async def main():
     ref = corral.ref_from_json(sys.argv[2])
     ws = await LocalSandboxProvider(tmpdir_root=sys.argv[1]).resolve(ref)
-    result = await ws.shell.run(corral.CommandRequest("touch call-" + sys.argv[3]))
+    result = await ws.shell.run(corral.provider.CommandRequest("touch call-" + sys.argv[3]))
     assert result.exit_code == 0, result
 
 anyio.run(main)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import corral
+import corral.provider
 from corral_local_sandbox import LocalSandboxProvider, SandboxLimits
 from corral_local_sandbox._quota import measure
 
@@ -93,17 +94,17 @@ async def test_exec_failures_exit_127_and_126(open_ws: Any, sh: Callable[..., An
         await ws.fs.write_file("/plain.sh", b"#!/bin/sh\necho hi\n")
         await ws.fs.mkdir("/adir")
         run = ws.shell.run
-        missing = await run(corral.CommandRequest("no-such-program-xyz"))
+        missing = await run(corral.provider.CommandRequest("no-such-program-xyz"))
         assert missing.exit_code == 127
         assert "not found" in missing.stderr
-        assert (await run(corral.CommandRequest("./no-such-file"))).exit_code == 127
-        assert (await run(corral.CommandRequest("./plain.sh"))).exit_code == 126
-        assert (await run(corral.CommandRequest("./adir"))).exit_code == 126
-        assert (await run(corral.CommandRequest("/workspace/plain.sh"))).exit_code == 126
+        assert (await run(corral.provider.CommandRequest("./no-such-file"))).exit_code == 127
+        assert (await run(corral.provider.CommandRequest("./plain.sh"))).exit_code == 126
+        assert (await run(corral.provider.CommandRequest("./adir"))).exit_code == 126
+        assert (await run(corral.provider.CommandRequest("/workspace/plain.sh"))).exit_code == 126
         assert (await sh(ws, "no-such-program-xyz")).exit_code == 127
-        ok = await run(corral.CommandRequest("sh ./plain.sh"))
+        ok = await run(corral.provider.CommandRequest("sh ./plain.sh"))
         assert (ok.exit_code, ok.stdout) == (0, "hi\n")
-        assert (await run(corral.CommandRequest("false"))).exit_code == 1
+        assert (await run(corral.provider.CommandRequest("false"))).exit_code == 1
 
 
 def test_file_size_limit_never_exceeds_the_quota() -> None:

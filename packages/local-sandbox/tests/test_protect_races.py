@@ -21,6 +21,7 @@ import anyio
 import pytest
 
 import corral
+import corral.provider
 from corral_local_sandbox import LocalSandboxProvider
 
 pytestmark = [pytest.mark.bwrap, pytest.mark.anyio]
@@ -55,13 +56,14 @@ VICTIM = f"cat .git/secret 2>/dev/null; echo {SECRET}-written 2>/dev/null > .git
 DRIVER = """
 import json, sys, time
 import anyio, corral
+from corral.provider import CommandRequest
 from corral_local_sandbox import LocalSandboxProvider
 
 async def main():
     ref = corral.ref_from_json(sys.argv[1])
     ws = await LocalSandboxProvider(tmpdir_root=sys.argv[2]).resolve(ref)
     if sys.argv[3] == "plant":
-        await ws.shell.run(corral.CommandRequest(
+        await ws.shell.run(CommandRequest(
             "mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit && sleep 60",
             allow_shell_syntax=True, timeout_s=120))
         return
@@ -69,7 +71,7 @@ async def main():
     out = []
     while time.monotonic() < end:
         try:
-            r = await ws.shell.run(corral.CommandRequest(sys.argv[5], allow_shell_syntax=True))
+            r = await ws.shell.run(CommandRequest(sys.argv[5], allow_shell_syntax=True))
             out.append(r.stdout)
         except corral.OperationError as exc:
             out.append(exc.code)
@@ -101,15 +103,17 @@ def _assert_canary_untouched(canary: Path) -> None:
     assert (canary / "secret").read_text() == SECRET + "\n"
 
 
-async def _open(base: Path, **kw: Any) -> tuple[LocalSandboxProvider, corral.OpenedWorkspace]:
+async def _open(
+    base: Path, **kw: Any
+) -> tuple[LocalSandboxProvider, corral.provider.OpenedWorkspace]:
     provider = LocalSandboxProvider(tmpdir_root=str(base), **kw)
     opened = await provider.open(corral.ProviderConfig("local-sandbox"), corral.SessionRef("race"))
     return provider, opened
 
 
-def _toggler(root: Path, canary: Path) -> corral.CommandRequest:
+def _toggler(root: Path, canary: Path) -> corral.provider.CommandRequest:
     script = TOGGLER.format(seconds=TOGGLE_SECONDS, target=os.path.relpath(canary, root))
-    return corral.CommandRequest("/usr/bin/python3 -", stdin=script, timeout_s=60)
+    return corral.provider.CommandRequest("/usr/bin/python3 -", stdin=script, timeout_s=60)
 
 
 async def test_toggling_git_never_binds_a_host_directory(

@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 import corral
+import corral.provider
 import corral_local_sandbox
 from corral_local_sandbox import LocalSandboxProvider, SandboxLimits
 from corral_local_sandbox._cgroup import base_tag
@@ -95,7 +96,9 @@ async def test_resolve_open_and_close_release_everything(tmp_path: Path) -> None
     provider = LocalSandboxProvider(tmpdir_root=str(tmp_path))
     opened = await provider.open(corral.ProviderConfig("local-sandbox"), corral.SessionRef("s"))
     ws: Any = opened.workspace
-    assert (await ws.shell.run(corral.CommandRequest("touch made-by-shell"))).exit_code == 0
+    assert (
+        await ws.shell.run(corral.provider.CommandRequest("touch made-by-shell"))
+    ).exit_code == 0
     scratch = Path(_wrapper(ws.shell).seccomp_file).parent
     assert (scratch / "filter.bpf").is_file()
     # Kept beside the workspace's state, never in the shared temp dir.
@@ -106,7 +109,7 @@ async def test_resolve_open_and_close_release_everything(tmp_path: Path) -> None
     try:
         assert again.id == ws.id
         assert again.details()["backend"] == "bubblewrap"
-        result = await again.shell.run(corral.CommandRequest("ls made-by-shell"))
+        result = await again.shell.run(corral.provider.CommandRequest("ls made-by-shell"))
         assert result.stdout == "made-by-shell\n"
         assert _wrapper(again.shell).cgroup_procs == _wrapper(ws.shell).cgroup_procs
         assert _cgroups(provider.layout.base_dir) == owned  # reused, not duplicated
@@ -136,7 +139,7 @@ async def test_concurrent_opens_get_their_own_sandbox(tmp_path: Path) -> None:
         assert len(wrappers) == 3
         for o in opened:
             await o.workspace.shell.run(
-                corral.CommandRequest(f"touch {o.workspace.id.split(':')[1]}")
+                corral.provider.CommandRequest(f"touch {o.workspace.id.split(':')[1]}")
             )
         for o in opened:
             listing = await o.workspace.fs.ls("/")

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import corral
+import corral.provider
 from corral_local_sandbox import LocalSandboxProvider, _quota
 
 pytestmark = [pytest.mark.bwrap, pytest.mark.anyio]
@@ -30,7 +31,7 @@ GIT_ENV = (
 @asynccontextmanager
 async def _workspace(
     tmp_path: Path, **options: Any
-) -> AsyncIterator[tuple[corral.Workspace, Path]]:
+) -> AsyncIterator[tuple[corral.provider.Workspace, Path]]:
     """A real sandboxed workspace and its host directory."""
     provider = LocalSandboxProvider(tmpdir_root=str(tmp_path / "base"), **options)
     opened = await provider.open(corral.ProviderConfig("local-sandbox"), corral.SessionRef("rt"))
@@ -44,10 +45,10 @@ async def _workspace(
         await opened.workspace.close()
 
 
-async def _run(ws: corral.Workspace, command: str) -> corral.ExecResult:
+async def _run(ws: corral.provider.Workspace, command: str) -> corral.ExecResult:
     assert ws.shell is not None
     return await ws.shell.run(
-        corral.CommandRequest(command, allow_shell_syntax=True, timeout_s=60.0)
+        corral.provider.CommandRequest(command, allow_shell_syntax=True, timeout_s=60.0)
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import corral
+import corral.provider
 from corral_local_sandbox import (
     LocalSandboxProvider,
     NetworkPolicy,
@@ -116,7 +117,7 @@ async def test_real_seatbelt_sandbox(tmp_path: Path) -> None:
     try:
 
         async def run(cmd: str) -> corral.ExecResult:
-            return await ws.shell.run(corral.CommandRequest(cmd, allow_shell_syntax=True))
+            return await ws.shell.run(corral.provider.CommandRequest(cmd, allow_shell_syntax=True))
 
         assert (await run("echo ok > f && cat f")).stdout == "ok\n"
         assert (

@@ -7,12 +7,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 import corral
+import corral.provider
 from corral_memory import InMemoryProvider
 
-Snapshot = Callable[[corral.FileSystem], Awaitable[dict[str, bytes | None]]]
+Snapshot = Callable[[corral.provider.FileSystem], Awaitable[dict[str, bytes | None]]]
 
 
-async def _tree_of(fs: corral.FileSystem) -> dict[str, bytes | None]:
+async def _tree_of(fs: corral.provider.FileSystem) -> dict[str, bytes | None]:
     out: dict[str, bytes | None] = {}
     for path in await fs.glob("**"):
         st = await fs.stat(path)
@@ -39,7 +40,7 @@ def session() -> corral.SessionRef:
 
 
 @pytest.fixture
-def compile_pattern() -> Callable[..., corral.Matcher]:
+def compile_pattern() -> Callable[..., corral.provider.Matcher]:
     """Compiles a real matcher with core's default engine."""
     engine = corral.RegexModuleEngine()
     return engine.compile
@@ -57,7 +58,7 @@ async def opened(
     config: corral.ProviderConfig,
     session: corral.SessionRef,
     anyio_backend: str,
-) -> AsyncIterator[corral.OpenedWorkspace]:
+) -> AsyncIterator[corral.provider.OpenedWorkspace]:
     """An open workspace with fs and snapshot, closed after the test."""
     result = await provider.open(config, session)
     yield result
@@ -65,14 +66,14 @@ async def opened(
 
 
 @pytest.fixture
-def fs(opened: corral.OpenedWorkspace) -> corral.FileSystem:
+def fs(opened: corral.provider.OpenedWorkspace) -> corral.provider.FileSystem:
     """The fs module of the open workspace."""
     assert opened.workspace.fs is not None
     return opened.workspace.fs
 
 
 @pytest.fixture
-def snap(opened: corral.OpenedWorkspace) -> corral.Snapshotter:
+def snap(opened: corral.provider.OpenedWorkspace) -> corral.provider.Snapshotter:
     """The snapshot module of the open workspace."""
     assert opened.workspace.snapshot is not None
     return opened.workspace.snapshot

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import pytest
 
 import corral
+import corral.provider
 from corral_memory import InMemoryProvider
 from corral_memory._store import find
 from corral_memory._tree import DirNode, FileNode
@@ -23,16 +24,16 @@ assert sys.getrecursionlimit() < TOOL_DEPTH
 
 async def _exercise(
     provider: InMemoryProvider,
-    ws: corral.Workspace,
+    ws: corral.provider.Workspace,
     deep_dir: str,
-    compile_pattern: Callable[..., corral.Matcher],
+    compile_pattern: Callable[..., corral.provider.Matcher],
 ) -> None:
     fs, snap = ws.fs, ws.snapshot
     assert fs is not None
     assert snap is not None
     assert [e.name for e in await fs.ls("/")] == ["d"]
     assert await fs.glob("**/leaf.txt") == [f"{deep_dir}/leaf.txt"]
-    found = await fs.grep(compile_pattern("needle"), corral.GrepOptions())
+    found = await fs.grep(compile_pattern("needle"), corral.provider.GrepOptions())
     assert [m.path for m in found.matches] == [f"{deep_dir}/leaf.txt"]
     assert (await fs.stat("/d")).type == "dir"
     repr(ws)
@@ -53,7 +54,7 @@ async def test_deepest_tree_the_tools_can_build(
     provider: InMemoryProvider,
     config: corral.ProviderConfig,
     session: corral.SessionRef,
-    compile_pattern: Callable[..., corral.Matcher],
+    compile_pattern: Callable[..., corral.provider.Matcher],
 ) -> None:
     opened = await provider.open(config, session)
     fs = opened.workspace.fs
@@ -70,7 +71,7 @@ async def test_any_depth_when_built_directly(
     provider: InMemoryProvider,
     config: corral.ProviderConfig,
     session: corral.SessionRef,
-    compile_pattern: Callable[..., corral.Matcher],
+    compile_pattern: Callable[..., corral.provider.Matcher],
 ) -> None:
     opened = await provider.open(config, session)
     state = find(opened.ref.payload["workspace_id"])
@@ -102,7 +103,7 @@ async def test_wide_directory(
     provider: InMemoryProvider,
     config: corral.ProviderConfig,
     session: corral.SessionRef,
-    compile_pattern: Callable[..., corral.Matcher],
+    compile_pattern: Callable[..., corral.provider.Matcher],
 ) -> None:
     opened = await provider.open(config, session)
     state = find(opened.ref.payload["workspace_id"])
@@ -113,7 +114,7 @@ async def test_wide_directory(
     assert fs is not None
     assert len(await fs.ls("/wide")) == 100_000
     assert len(await fs.glob("wide/*")) == 100_000
-    found = await fs.grep(compile_pattern("x"), corral.GrepOptions(max_results=10))
+    found = await fs.grep(compile_pattern("x"), corral.provider.GrepOptions(max_results=10))
     assert found.truncated
     await fs.rm("/wide", recursive=True)
     await opened.workspace.close()

@@ -9,6 +9,7 @@ import anyio
 import pytest
 
 import corral
+import corral.provider
 
 pytestmark = pytest.mark.anyio
 
@@ -20,7 +21,7 @@ async def code_of(awaitable: object) -> str:
     return info.value.code
 
 
-async def test_write_creates_parents_and_reads_back(fs: corral.FileSystem) -> None:
+async def test_write_creates_parents_and_reads_back(fs: corral.provider.FileSystem) -> None:
     await fs.write_file("/a/b/c.txt", b"hello")
     assert await fs.read_file("a/b/c.txt") == b"hello"
     assert (await fs.stat("/a")).type == "dir"
@@ -29,7 +30,7 @@ async def test_write_creates_parents_and_reads_back(fs: corral.FileSystem) -> No
     assert await fs.read_file("/a/./b/../b/c.txt") == b"bye"
 
 
-async def test_write_accepts_bytes_like_and_refuses_text(fs: corral.FileSystem) -> None:
+async def test_write_accepts_bytes_like_and_refuses_text(fs: corral.provider.FileSystem) -> None:
     await fs.write_file("/x", bytearray(b"ab"))  # type: ignore[arg-type]
     await fs.write_file("/y", memoryview(b"cd"))  # type: ignore[arg-type]
     assert await fs.read_file("/x") == b"ab"
@@ -37,7 +38,7 @@ async def test_write_accepts_bytes_like_and_refuses_text(fs: corral.FileSystem) 
     assert await code_of(fs.write_file("/z", "text")) == "invalid_argument"  # type: ignore[arg-type]
 
 
-async def test_write_errors(fs: corral.FileSystem) -> None:
+async def test_write_errors(fs: corral.provider.FileSystem) -> None:
     await fs.mkdir("/d")
     await fs.write_file("/f", b"x")
     assert await code_of(fs.write_file("/d", b"x")) == "is_a_directory"
@@ -47,21 +48,21 @@ async def test_write_errors(fs: corral.FileSystem) -> None:
     assert await fs.read_file("/f") == b"x"
 
 
-async def test_failed_write_leaves_no_parents(fs: corral.FileSystem) -> None:
+async def test_failed_write_leaves_no_parents(fs: corral.provider.FileSystem) -> None:
     await fs.write_file("/p/file", b"x")
     assert await code_of(fs.write_file("/p/file/q/r", b"x")) == "not_a_directory"
     assert [e.name for e in await fs.ls("/p")] == ["file"]
 
 
 @pytest.mark.parametrize("bad", ["../x", "/a/../../x", "a\x00b", "/" + "a" * 256, "x/" * 2100])
-async def test_invalid_paths(fs: corral.FileSystem, bad: str) -> None:
+async def test_invalid_paths(fs: corral.provider.FileSystem, bad: str) -> None:
     assert await code_of(fs.write_file(bad, b"x")) == "invalid_path"
     assert await code_of(fs.read_file(bad)) == "invalid_path"
     assert await code_of(fs.stat(bad)) == "invalid_path"
     assert await code_of(fs.ls(bad)) == "invalid_path"
 
 
-async def test_read_errors(fs: corral.FileSystem) -> None:
+async def test_read_errors(fs: corral.provider.FileSystem) -> None:
     await fs.write_file("/f", b"x")
     await fs.mkdir("/d")
     assert await code_of(fs.read_file("/missing")) == "not_found"
@@ -71,13 +72,13 @@ async def test_read_errors(fs: corral.FileSystem) -> None:
     assert await code_of(fs.read_file("/f/x")) == "not_a_directory"
 
 
-async def test_edit_replaces_once(fs: corral.FileSystem) -> None:
+async def test_edit_replaces_once(fs: corral.provider.FileSystem) -> None:
     await fs.write_file("/t.txt", "héllo wörld\n".encode())
     assert await fs.edit_file("/t.txt", "wörld", "there") == 1
     assert await fs.read_file("/t.txt") == "héllo there\n".encode()
 
 
-async def test_edit_replace_all_counts(fs: corral.FileSystem) -> None:
+async def test_edit_replace_all_counts(fs: corral.provider.FileSystem) -> None:
     await fs.write_file("/t.txt", b"a-a-a")
     assert await code_of(fs.edit_file("/t.txt", "a", "b")) == "not_unique"
     assert await fs.read_file("/t.txt") == b"a-a-a"
@@ -85,7 +86,7 @@ async def test_edit_replace_all_counts(fs: corral.FileSystem) -> None:
     assert await fs.read_file("/t.txt") == b"bb-bb-bb"
 
 
-async def test_edit_errors(fs: corral.FileSystem) -> None:
+async def test_edit_errors(fs: corral.provider.FileSystem) -> None:
     await fs.write_file("/t.txt", b"abc")
     await fs.write_file("/bin", b"\xff\xfe\x00")
     await fs.mkdir("/d")
@@ -98,7 +99,7 @@ async def test_edit_errors(fs: corral.FileSystem) -> None:
     assert await fs.read_file("/t.txt") == b"abc"
 
 
-async def test_ls_sorted_with_types_and_sizes(fs: corral.FileSystem) -> None:
+async def test_ls_sorted_with_types_and_sizes(fs: corral.provider.FileSystem) -> None:
     await fs.write_file("/d/zeta", b"12345")
     await fs.write_file("/d/alpha", b"")
     await fs.mkdir("/d/mid")
@@ -112,13 +113,13 @@ async def test_ls_sorted_with_types_and_sizes(fs: corral.FileSystem) -> None:
     assert [e.path for e in await fs.ls()] == ["/d"]
 
 
-async def test_ls_errors(fs: corral.FileSystem) -> None:
+async def test_ls_errors(fs: corral.provider.FileSystem) -> None:
     await fs.write_file("/f", b"x")
     assert await code_of(fs.ls("/f")) == "not_a_directory"
     assert await code_of(fs.ls("/nope")) == "not_found"
 
 
-async def test_stat(fs: corral.FileSystem) -> None:
+async def test_stat(fs: corral.provider.FileSystem) -> None:
     before = time.time()
     await fs.write_file("/a/f.txt", b"abc")
     st = await fs.stat("a//f.txt")
@@ -132,7 +133,7 @@ async def test_stat(fs: corral.FileSystem) -> None:
     assert await code_of(fs.stat("/a/f.txt/x")) == "not_a_directory"
 
 
-async def test_overwrite_keeps_mode_and_updates_mtime(fs: corral.FileSystem) -> None:
+async def test_overwrite_keeps_mode_and_updates_mtime(fs: corral.provider.FileSystem) -> None:
     await fs.write_file("/f", b"1")
     first = (await fs.stat("/f")).mtime
     await anyio.sleep(0.01)
@@ -142,7 +143,7 @@ async def test_overwrite_keeps_mode_and_updates_mtime(fs: corral.FileSystem) -> 
     assert st.size == 2
 
 
-async def test_mkdir(fs: corral.FileSystem) -> None:
+async def test_mkdir(fs: corral.provider.FileSystem) -> None:
     await fs.mkdir("/a")
     assert await fs.ls("/a") == []
     assert await code_of(fs.mkdir("/a")) == "exists"
@@ -160,7 +161,7 @@ async def test_mkdir(fs: corral.FileSystem) -> None:
     await fs.mkdir("/", parents=True)
 
 
-async def test_rm(fs: corral.FileSystem) -> None:
+async def test_rm(fs: corral.provider.FileSystem) -> None:
     await fs.write_file("/d/sub/f", b"x")
     await fs.write_file("/g", b"y")
     await fs.mkdir("/empty")
@@ -176,8 +177,10 @@ async def test_rm(fs: corral.FileSystem) -> None:
     assert await code_of(fs.rm("/", recursive=True)) == "invalid_argument"
 
 
-async def test_rm_returns_budget(opened: corral.OpenedWorkspace, fs: corral.FileSystem) -> None:
-    details = corral.describe_workspace
+async def test_rm_returns_budget(
+    opened: corral.provider.OpenedWorkspace, fs: corral.provider.FileSystem
+) -> None:
+    details = corral.provider.describe_workspace
     await fs.write_file("/a/b/c", b"x" * 1000)
     await fs.write_file("/a/d", b"y" * 10)
     assert details(opened.workspace)["file_bytes"] == 1010
@@ -187,7 +190,7 @@ async def test_rm_returns_budget(opened: corral.OpenedWorkspace, fs: corral.File
 
 
 async def test_deep_tree_has_no_recursion_limit(
-    fs: corral.FileSystem, snap: corral.Snapshotter
+    fs: corral.provider.FileSystem, snap: corral.provider.Snapshotter
 ) -> None:
     deep = "/".join(["d"] * 1800)
     await fs.write_file(deep + "/leaf", b"bottom")
@@ -198,7 +201,7 @@ async def test_deep_tree_has_no_recursion_limit(
     assert await fs.read_file(deep + "/leaf") == b"bottom"
 
 
-async def test_every_call_after_close_is_closed(opened: corral.OpenedWorkspace) -> None:
+async def test_every_call_after_close_is_closed(opened: corral.provider.OpenedWorkspace) -> None:
     ws = opened.workspace
     fs, snap = ws.fs, ws.snapshot
     assert fs is not None
@@ -213,7 +216,7 @@ async def test_every_call_after_close_is_closed(opened: corral.OpenedWorkspace) 
         lambda: fs.edit_file("/f", "x", "y"),
         lambda: fs.ls("/"),
         lambda: fs.glob("*"),
-        lambda: fs.grep(m, corral.GrepOptions()),
+        lambda: fs.grep(m, corral.provider.GrepOptions()),
         lambda: fs.stat("/f"),
         lambda: fs.mkdir("/d"),
         lambda: fs.rm("/f"),
@@ -227,7 +230,9 @@ async def test_every_call_after_close_is_closed(opened: corral.OpenedWorkspace) 
         assert await code_of(call()) == "closed"
 
 
-async def test_concurrent_writers_and_readers_stay_consistent(fs: corral.FileSystem) -> None:
+async def test_concurrent_writers_and_readers_stay_consistent(
+    fs: corral.provider.FileSystem,
+) -> None:
     m = corral.RegexModuleEngine().compile("payload")
 
     async def writer(n: int) -> None:
@@ -242,7 +247,7 @@ async def test_concurrent_writers_and_readers_stay_consistent(fs: corral.FileSys
 
     async def searcher() -> None:
         for _ in range(30):
-            await fs.grep(m, corral.GrepOptions())
+            await fs.grep(m, corral.provider.GrepOptions())
             await fs.glob("**")
 
     async with anyio.create_task_group() as tg:
@@ -253,4 +258,4 @@ async def test_concurrent_writers_and_readers_stay_consistent(fs: corral.FileSys
     for n in range(4):
         for i in range(30):
             assert await fs.read_file(f"/w{n}/f{i}") == b"PAYLOAD " * (i + 1)
-    assert (await fs.grep(m, corral.GrepOptions())).matches == ()
+    assert (await fs.grep(m, corral.provider.GrepOptions())).matches == ()

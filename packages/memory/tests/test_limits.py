@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 import corral
+import corral.provider
 from corral_memory import ENTRY_OVERHEAD, InMemoryProvider
 
 pytestmark = pytest.mark.anyio
@@ -23,7 +24,7 @@ async def _code(awaitable: object) -> str:
 @pytest.fixture
 async def small(
     config: corral.ProviderConfig, anyio_backend: str
-) -> AsyncIterator[corral.OpenedWorkspace]:
+) -> AsyncIterator[corral.provider.OpenedWorkspace]:
     """A workspace with a 10 kB budget and a 4 kB file cap."""
     provider = InMemoryProvider(max_workspace_bytes=BUDGET, max_file_bytes=4000)
     opened = await provider.open(config, corral.SessionRef("small"))
@@ -31,30 +32,32 @@ async def small(
     await opened.workspace.close()
 
 
-def _fs(opened: corral.OpenedWorkspace) -> corral.FileSystem:
+def _fs(opened: corral.provider.OpenedWorkspace) -> corral.provider.FileSystem:
     assert opened.workspace.fs is not None
     return opened.workspace.fs
 
 
-def _used(opened: corral.OpenedWorkspace) -> int:
-    return int(corral.describe_workspace(opened.workspace)["used_bytes"])
+def _used(opened: corral.provider.OpenedWorkspace) -> int:
+    return int(corral.provider.describe_workspace(opened.workspace)["used_bytes"])
 
 
-async def test_file_cap(small: corral.OpenedWorkspace) -> None:
+async def test_file_cap(small: corral.provider.OpenedWorkspace) -> None:
     fs = _fs(small)
     await fs.write_file("/ok", b"x" * 4000)
     assert await _code(fs.write_file("/big", b"x" * 4001)) == "too_large"
     assert await _code(fs.stat("/big")) == "not_found"
 
 
-async def test_edit_beyond_file_cap_leaves_file_alone(small: corral.OpenedWorkspace) -> None:
+async def test_edit_beyond_file_cap_leaves_file_alone(
+    small: corral.provider.OpenedWorkspace,
+) -> None:
     fs = _fs(small)
     await fs.write_file("/f", b"ab" * 1000)
     assert await _code(fs.edit_file("/f", "a", "aaaa", replace_all=True)) == "too_large"
     assert await fs.read_file("/f") == b"ab" * 1000
 
 
-async def test_workspace_budget(small: corral.OpenedWorkspace) -> None:
+async def test_workspace_budget(small: corral.provider.OpenedWorkspace) -> None:
     fs = _fs(small)
     await fs.write_file("/1", b"x" * 4000)
     await fs.write_file("/2", b"x" * 4000)
@@ -68,7 +71,7 @@ async def test_workspace_budget(small: corral.OpenedWorkspace) -> None:
     await fs.write_file("/4", b"x" * 4000)
 
 
-async def test_budget_failure_creates_no_parents(small: corral.OpenedWorkspace) -> None:
+async def test_budget_failure_creates_no_parents(small: corral.provider.OpenedWorkspace) -> None:
     fs = _fs(small)
     await fs.write_file("/fill", b"x" * 4000)
     await fs.write_file("/fill2", b"x" * 4000)
@@ -80,7 +83,7 @@ async def test_budget_failure_creates_no_parents(small: corral.OpenedWorkspace) 
     await fs.mkdir("/m/n/o/p/q", parents=True)
 
 
-async def test_empty_entries_are_charged(small: corral.OpenedWorkspace) -> None:
+async def test_empty_entries_are_charged(small: corral.provider.OpenedWorkspace) -> None:
     fs = _fs(small)
     made = 0
     code = ""
@@ -97,7 +100,7 @@ async def test_empty_entries_are_charged(small: corral.OpenedWorkspace) -> None:
     assert _used(small) <= BUDGET
 
 
-async def test_budget_counts_names(small: corral.OpenedWorkspace) -> None:
+async def test_budget_counts_names(small: corral.provider.OpenedWorkspace) -> None:
     fs = _fs(small)
     await fs.write_file("/abc", b"12")
     assert _used(small) == ENTRY_OVERHEAD + 3 + 2
@@ -105,7 +108,7 @@ async def test_budget_counts_names(small: corral.OpenedWorkspace) -> None:
     assert _used(small) == 2 * ENTRY_OVERHEAD + 6 + 2
 
 
-async def test_branch_keeps_the_limits(small: corral.OpenedWorkspace) -> None:
+async def test_branch_keeps_the_limits(small: corral.provider.OpenedWorkspace) -> None:
     snap = small.workspace.snapshot
     assert snap is not None
     info = await snap.snapshot()

@@ -13,12 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import corral
+import corral.provider
 import corral_memory
 from corral_memory import InMemoryProvider
 
 pytestmark = pytest.mark.anyio
 
-FS = corral.FileSystem
+FS = corral.provider.FileSystem
 
 
 async def _failure(awaitable: object) -> corral.WorkspaceFailedError:
@@ -29,30 +30,32 @@ async def _failure(awaitable: object) -> corral.WorkspaceFailedError:
     return info.value
 
 
-def _fs(ws: corral.Workspace) -> corral.FileSystem:
+def _fs(ws: corral.provider.Workspace) -> corral.provider.FileSystem:
     assert ws.fs is not None
     return ws.fs
 
 
 async def test_provider_shape(provider: InMemoryProvider, anyio_backend: str) -> None:
-    assert isinstance(provider, corral.WorkspaceProvider)
+    assert isinstance(provider, corral.provider.WorkspaceProvider)
     assert provider.provider_id == "in-memory"
     assert provider.capabilities == frozenset({"fs", "snapshot"})
     assert provider.schema_version == 2
 
 
-async def test_open_builds_everything_and_stamps_the_ref(opened: corral.OpenedWorkspace) -> None:
+async def test_open_builds_everything_and_stamps_the_ref(
+    opened: corral.provider.OpenedWorkspace,
+) -> None:
     ws, ref = opened.workspace, opened.ref
-    assert isinstance(ws, corral.Workspace)
-    assert isinstance(ws.fs, corral.FileSystem)
-    assert isinstance(ws.snapshot, corral.Snapshotter)
+    assert isinstance(ws, corral.provider.Workspace)
+    assert isinstance(ws.fs, corral.provider.FileSystem)
+    assert isinstance(ws.snapshot, corral.provider.Snapshotter)
     assert ws.shell is None
     assert ws.code is None
     assert ref.provider_id == "in-memory"
     assert ref.schema_version == 2
     assert ref.capabilities == frozenset({"fs", "snapshot"})
     assert set(ref.payload) == {"workspace_id", "process_token"}
-    assert ref.payload["workspace_id"] == ws.id
+    assert ws.id == f"in-memory:{ref.payload['workspace_id']}"
     json.dumps(corral.ref_to_dict(ref))
 
 
@@ -115,7 +118,7 @@ async def test_sessions_on_one_provider_are_isolated(
 
 
 async def test_resolve_from_another_instance_sees_the_same_workspace(
-    opened: corral.OpenedWorkspace,
+    opened: corral.provider.OpenedWorkspace,
 ) -> None:
     await _fs(opened.workspace).write_file("/f", b"one")
     again = await InMemoryProvider(max_file_bytes=1).resolve(
@@ -130,7 +133,7 @@ async def test_resolve_from_another_instance_sees_the_same_workspace(
 
 
 async def test_resolve_after_close_fails_and_old_handles_are_closed(
-    opened: corral.OpenedWorkspace, provider: InMemoryProvider
+    opened: corral.provider.OpenedWorkspace, provider: InMemoryProvider
 ) -> None:
     resolved = await provider.resolve(opened.ref)
     await resolved.close()
@@ -141,7 +144,7 @@ async def test_resolve_after_close_fails_and_old_handles_are_closed(
     assert info.value.code == "closed"
 
 
-async def test_concurrent_close_is_safe(opened: corral.OpenedWorkspace) -> None:
+async def test_concurrent_close_is_safe(opened: corral.provider.OpenedWorkspace) -> None:
     async with anyio.create_task_group() as tg:
         for _ in range(5):
             tg.start_soon(opened.workspace.close)
@@ -150,7 +153,7 @@ async def test_concurrent_close_is_safe(opened: corral.OpenedWorkspace) -> None:
 
 @pytest.mark.parametrize("version", [None, 1, 2])
 async def test_supported_schema_versions(
-    opened: corral.OpenedWorkspace, version: int | None
+    opened: corral.provider.OpenedWorkspace, version: int | None
 ) -> None:
     ref = attrs.evolve(opened.ref, schema_version=version)
     ws = await InMemoryProvider().resolve(ref)
@@ -158,19 +161,23 @@ async def test_supported_schema_versions(
 
 
 @pytest.mark.parametrize("version", [0, 3, -1, 10**9])
-async def test_unsupported_schema_versions(opened: corral.OpenedWorkspace, version: int) -> None:
+async def test_unsupported_schema_versions(
+    opened: corral.provider.OpenedWorkspace, version: int
+) -> None:
     err = await _failure(
         InMemoryProvider().resolve(attrs.evolve(opened.ref, schema_version=version))
     )
     assert "None, 1, 2" in err.message
 
 
-async def test_foreign_ref_refused(opened: corral.OpenedWorkspace) -> None:
+async def test_foreign_ref_refused(opened: corral.provider.OpenedWorkspace) -> None:
     err = await _failure(InMemoryProvider().resolve(attrs.evolve(opened.ref, provider_id="docker")))
     assert "another provider" in err.message
 
 
-async def test_ref_claiming_other_capabilities_refused(opened: corral.OpenedWorkspace) -> None:
+async def test_ref_claiming_other_capabilities_refused(
+    opened: corral.provider.OpenedWorkspace,
+) -> None:
     ref = attrs.evolve(opened.ref, capabilities=frozenset({"fs", "shell"}))  # type: ignore[arg-type]
     err = await _failure(InMemoryProvider().resolve(ref))
     assert "shell" not in err.message
@@ -193,7 +200,9 @@ async def test_not_a_ref_refused(provider: InMemoryProvider, anyio_backend: str)
         {"process_token": ["a"]},
     ],
 )
-async def test_malformed_payloads(opened: corral.OpenedWorkspace, change: dict[str, Any]) -> None:
+async def test_malformed_payloads(
+    opened: corral.provider.OpenedWorkspace, change: dict[str, Any]
+) -> None:
     payload = dict(opened.ref.payload)
     for key, value in change.items():
         if value is None:
@@ -204,7 +213,7 @@ async def test_malformed_payloads(opened: corral.OpenedWorkspace, change: dict[s
     assert err.message == "workspace ref payload is malformed"
 
 
-async def test_ref_from_another_process_is_lost(opened: corral.OpenedWorkspace) -> None:
+async def test_ref_from_another_process_is_lost(opened: corral.provider.OpenedWorkspace) -> None:
     payload = dict(opened.ref.payload, process_token="0" * 32)
     err = await _failure(InMemoryProvider().resolve(attrs.evolve(opened.ref, payload=payload)))
     assert "lost" in err.message
@@ -332,9 +341,9 @@ def test_public_surface() -> None:
         assert getattr(corral_memory, name) is not None
 
 
-async def test_details(opened: corral.OpenedWorkspace) -> None:
+async def test_details(opened: corral.provider.OpenedWorkspace) -> None:
     await _fs(opened.workspace).write_file("/f", b"12345")
-    details = corral.describe_workspace(opened.workspace)
+    details = corral.provider.describe_workspace(opened.workspace)
     assert details["provider_id"] == "in-memory"
     assert details["workspace_id"] == opened.workspace.id
     assert details["file_bytes"] == 5

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import corral
+import corral.provider
 from corral.testing import LinesOnlyMatcher
 from corral_memory import InMemoryProvider
 
@@ -28,7 +29,7 @@ contents = st.lists(st.sampled_from(_CHUNKS), max_size=20).map(b"".join)
 
 
 async def _grep_both(
-    files: dict[str, bytes], matcher: corral.Matcher, limit: int
+    files: dict[str, bytes], matcher: corral.provider.Matcher, limit: int
 ) -> tuple[corral.GrepResult, corral.GrepResult]:
     opened = await InMemoryProvider().open(
         corral.ProviderConfig(kind="in-memory"), corral.SessionRef(session_id="s")
@@ -38,7 +39,7 @@ async def _grep_both(
         assert fs is not None
         for path, data in files.items():
             await fs.write_file(path, data)
-        options = corral.GrepOptions(max_results=limit)
+        options = corral.provider.GrepOptions(max_results=limit)
         fast = await fs.grep(matcher, options)
         slow = await fs.grep(LinesOnlyMatcher(matcher), options)
     finally:
@@ -60,5 +61,5 @@ def test_fast_and_slow_grep_agree(
     fast, slow = anyio.run(_grep_both, files, matcher, limit)
     assert fast == slow
     if not fast.truncated:  # a cut search stops before the files after the cut
-        binary = {p for p, d in files.items() if corral.is_binary(d)}
+        binary = {p for p, d in files.items() if corral.provider.is_binary(d)}
         assert set(fast.skipped_binary_paths) == binary

@@ -7,11 +7,12 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 import corral
+import corral.provider
 from corral_memory import InMemoryProvider
 
 pytestmark = pytest.mark.anyio
 
-TreeOf = Callable[[corral.FileSystem], Awaitable[dict[str, bytes | None]]]
+TreeOf = Callable[[corral.provider.FileSystem], Awaitable[dict[str, bytes | None]]]
 
 
 async def _code(awaitable: object) -> str:
@@ -20,14 +21,17 @@ async def _code(awaitable: object) -> str:
     return info.value.code
 
 
-async def _seed(fs: corral.FileSystem) -> None:
+async def _seed(fs: corral.provider.FileSystem) -> None:
     await fs.write_file("/a/one.txt", b"1")
     await fs.write_file("/a/b/two.txt", b"22")
     await fs.mkdir("/empty")
 
 
 async def test_restore_brings_back_exactly_the_snapshot(
-    opened: corral.OpenedWorkspace, fs: corral.FileSystem, snap: corral.Snapshotter, tree_of: TreeOf
+    opened: corral.provider.OpenedWorkspace,
+    fs: corral.provider.FileSystem,
+    snap: corral.provider.Snapshotter,
+    tree_of: TreeOf,
 ) -> None:
     await _seed(fs)
     before = await tree_of(fs)
@@ -47,21 +51,25 @@ async def test_restore_brings_back_exactly_the_snapshot(
 
 
 async def test_restore_restores_budget_counters(
-    opened: corral.OpenedWorkspace, fs: corral.FileSystem, snap: corral.Snapshotter
+    opened: corral.provider.OpenedWorkspace,
+    fs: corral.provider.FileSystem,
+    snap: corral.provider.Snapshotter,
 ) -> None:
     await _seed(fs)
-    details = corral.describe_workspace(opened.workspace)
+    details = corral.provider.describe_workspace(opened.workspace)
     info = await snap.snapshot()
     await fs.write_file("/big", b"x" * 5000)
     await snap.restore(info.snapshot_id)
-    after = corral.describe_workspace(opened.workspace)
+    after = corral.provider.describe_workspace(opened.workspace)
     assert (after["used_bytes"], after["file_bytes"]) == (
         details["used_bytes"],
         details["file_bytes"],
     )
 
 
-async def test_list_delete_and_info(fs: corral.FileSystem, snap: corral.Snapshotter) -> None:
+async def test_list_delete_and_info(
+    fs: corral.provider.FileSystem, snap: corral.provider.Snapshotter
+) -> None:
     assert await snap.list() == []
     await fs.write_file("/f", b"12345")
     first = await snap.snapshot("first")
@@ -79,7 +87,7 @@ async def test_list_delete_and_info(fs: corral.FileSystem, snap: corral.Snapshot
     assert await _code(snap.branch(first.snapshot_id)) == "not_found"
 
 
-async def test_bad_arguments(snap: corral.Snapshotter) -> None:
+async def test_bad_arguments(snap: corral.provider.Snapshotter) -> None:
     assert await _code(snap.snapshot("x" * 201)) == "invalid_argument"
     assert await _code(snap.snapshot(5)) == "invalid_argument"  # type: ignore[arg-type]
     assert await _code(snap.restore("")) == "invalid_argument"
@@ -91,9 +99,9 @@ async def test_bad_arguments(snap: corral.Snapshotter) -> None:
 
 
 async def test_branch_is_a_separate_workspace(
-    opened: corral.OpenedWorkspace,
-    fs: corral.FileSystem,
-    snap: corral.Snapshotter,
+    opened: corral.provider.OpenedWorkspace,
+    fs: corral.provider.FileSystem,
+    snap: corral.provider.Snapshotter,
     tree_of: TreeOf,
 ) -> None:
     await _seed(fs)
@@ -135,7 +143,9 @@ async def test_snapshot_count_is_bounded(config: corral.ProviderConfig, anyio_ba
 
 
 async def test_close_drops_snapshots(
-    opened: corral.OpenedWorkspace, fs: corral.FileSystem, snap: corral.Snapshotter
+    opened: corral.provider.OpenedWorkspace,
+    fs: corral.provider.FileSystem,
+    snap: corral.provider.Snapshotter,
 ) -> None:
     await _seed(fs)
     info = await snap.snapshot()

@@ -17,7 +17,7 @@ import time
 
 import anyio
 
-from corral import CommandRequest
+from corral.provider import CommandRequest
 from corral_posix import SubprocessShell
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from corral import GrepOptions, OperationError, RegexModuleEngine
+from corral import RegexModuleEngine
+from corral.provider import GrepOptions, OperationError
 from corral_posix import TmpdirFileSystem, TmpdirLayout, remove_tree
 from corral_posix import _layout as layout_module
 from corral_posix._fdtree import DIR_FLAGS, DirChain, remove_tree_at

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral import CommandRequest, OperationError
+from corral.provider import CommandRequest, OperationError
 from corral_posix import CommandChecker
 from corral_posix._audit import AuditLog
 from corral_posix._env import denied_reason, sanitize_path

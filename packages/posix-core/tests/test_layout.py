@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from corral import WorkspaceFailedError
+from corral.provider import WorkspaceFailedError
 from corral_posix import TmpdirLayout, TmpdirRefPayload, sanitize_session_id
 
 

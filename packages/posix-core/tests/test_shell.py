@@ -13,7 +13,7 @@ import anyio
 import attrs
 import pytest
 
-from corral import CommandRequest, ExecResult, OperationError, Shell, WorkspaceEvictedError
+from corral.provider import CommandRequest, ExecResult, OperationError, Shell, WorkspaceEvictedError
 from corral_posix import (
     IDENTITY_WRAPPER,
     CommandChecker,

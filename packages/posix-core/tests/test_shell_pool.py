@@ -13,7 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from corral import CommandRequest, ExecResult, OperationError
+from corral.provider import CommandRequest, ExecResult, OperationError
 from corral_posix import ProcessLimits, SubprocessShell
 from corral_posix import _supervisor as supervisor_module
 
@@ -189,7 +189,7 @@ async def test_cancelled_run_leaves_a_reusable_reaper(shell: SubprocessShell) ->
 
 FORK_SCRIPT = """
 import os, sys, anyio
-from corral import CommandRequest
+from corral.provider import CommandRequest
 from corral_posix import SubprocessShell
 
 def ppid(pid):

@@ -32,7 +32,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from corral import CommandRequest, OperationError
+from corral.provider import CommandRequest, OperationError
 from corral_posix import CommandChecker
 from corral_posix._checker import allowlist_programs
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from corral import OperationError, WorkspaceEvictedError, WorkspaceRef
+from corral.provider import OperationError, WorkspaceEvictedError, WorkspaceRef
 from corral_posix import TmpdirLayout, TmpdirSnapshotter
 from corral_posix._manifest import decode
 

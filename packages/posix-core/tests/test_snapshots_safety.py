@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral import OperationError, WorkspaceRef
+from corral.provider import OperationError, WorkspaceRef
 from corral_posix import TmpdirLayout, TmpdirSnapshotter
 
 CANARY = b"CANARY-4f1c9e-do-not-leak"

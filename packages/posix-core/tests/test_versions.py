@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from corral import OperationError, WorkspaceRef
+from corral.provider import OperationError, WorkspaceRef
 from corral_posix import TmpdirLayout, TmpdirSnapshotter, _versions, remove_tree
 from corral_posix._tarball import write_tree
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 import corral
-from corral import Workspace, WorkspaceProvider, WorkspaceRef
+from corral import WorkspaceRef
+from corral.provider import Workspace, WorkspaceProvider
 
 from ._harness import DEFAULT_MAX_EXAMPLES, _same_ref
 from ._report import ConformanceReport, ResultCollector
@@ -72,6 +73,10 @@ def run_suite(
             "no:cacheprovider",
             "-p",
             "anyio",
+            # The suite's async rules run on anyio's plugin; pytest-asyncio, where
+            # installed, would claim them too (and warns at start-up).
+            "-p",
+            "no:asyncio",
             f"--corral-max-examples={max_examples}",
             *([] if shrink else ["--corral-no-shrink"]),
             *(["-v", "--tb=short"] if verbose else ["-p", "no:terminal", "-p", "no:warnings"]),

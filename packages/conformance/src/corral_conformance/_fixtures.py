@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from corral import Workspace, WorkspaceProvider, WorkspaceRef
+from corral import WorkspaceRef
+from corral.provider import Workspace, WorkspaceProvider
 
 from ._harness import DEFAULT_MAX_EXAMPLES, Harness, _same_ref
 

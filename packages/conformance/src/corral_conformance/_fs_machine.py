@@ -16,7 +16,9 @@ from hypothesis.stateful import (
 )
 
 import corral
-from corral import GrepOptions, OperationError
+import corral.provider
+from corral import OperationError
+from corral.capability import GrepOptions
 
 from ._compare import Outcome, check_same, model_outcome, normalise
 from ._harness import Harness
@@ -41,7 +43,7 @@ Observed = dict[str, tuple[Any, ...]]
 """Per path: the ``ls`` entry, the ``stat`` result and, for a file, its content."""
 
 
-async def observe_tree(fs: corral.FileSystem) -> Observed:
+async def observe_tree(fs: corral.provider.FileSystem) -> Observed:
     """Everything the fs exposes about its tree: ls of every directory, stat and
     content of every path, normalised to what the contract fixes."""
     out: Observed = {"/": ("root", normalise(await fs.stat("/")))}
@@ -86,13 +88,13 @@ def run_fs_machine(h: Harness) -> None:
             self.opened = h.blocking(h.open, frozenset({"fs"}))
             fs = self.opened.workspace.fs
             assert fs is not None, f"{h.kind}: declared fs but the workspace has no fs module"
-            self.fs: corral.FileSystem = fs
+            self.fs: corral.provider.FileSystem = fs
             self.model = FsModel()
 
         def both(
             self,
             what: str,
-            call: Callable[[corral.FileSystem], Any],
+            call: Callable[[corral.provider.FileSystem], Any],
             model: Callable[[FsModel], Any],
             *,
             grep_boundary: bool = False,

@@ -17,7 +17,9 @@ import hypothesis
 import pytest
 
 import corral
-from corral import OpenedWorkspace, ProviderConfig, SessionRef, Workspace, WorkspaceRef
+import corral.provider
+from corral import ProviderConfig, SessionRef, WorkspaceRef
+from corral.provider import OpenedWorkspace, Workspace
 
 from ._defaults import DEFAULT_MAX_EXAMPLES
 
@@ -67,14 +69,14 @@ class Harness:
             after close); empty when the provider has none to inspect.
     """
 
-    provider: corral.WorkspaceProvider
+    provider: corral.provider.WorkspaceProvider
     options: Mapping[str, Any] = attrs.field(factory=dict)
     host_dir: Callable[[Workspace], Path | None] = _no_host_dir
     downgrade_ref: Callable[[WorkspaceRef], WorkspaceRef] = _same_ref
     max_examples: int = DEFAULT_MAX_EXAMPLES
     shrink: bool = True
     op_timeout_s: float = 60.0
-    factory: Callable[[], corral.WorkspaceProvider] | None = None
+    factory: Callable[[], corral.provider.WorkspaceProvider] | None = None
     entry_point: tuple[str, Mapping[str, Any]] | None = None
     data_paths: Callable[[Workspace], Sequence[Path]] = _no_data_paths
     _handles: list[Workspace] = attrs.field(factory=list, init=False, repr=False)
@@ -117,7 +119,7 @@ class Harness:
         return await self.call(self.provider.open, config or self.config(), session, declared)
 
     async def resolve(
-        self, ref: WorkspaceRef, *, provider: corral.WorkspaceProvider | None = None
+        self, ref: WorkspaceRef, *, provider: corral.provider.WorkspaceProvider | None = None
     ) -> Workspace:
         """Resolve a ref (by this or another provider) and remember the handle.
 
@@ -205,7 +207,7 @@ class Harness:
         await anyio.to_thread.run_sync(body)
 
 
-async def dump_tree(fs: corral.FileSystem, path: str = "/") -> dict[str, bytes | None]:
+async def dump_tree(fs: corral.provider.FileSystem, path: str = "/") -> dict[str, bytes | None]:
     """Every path under ``path``: file contents, or None for a directory."""
     out: dict[str, bytes | None] = {}
     for entry in await fs.ls(path):

@@ -13,7 +13,9 @@ from collections.abc import Iterator
 import attrs
 
 import corral
-from corral import FileEntry, FileStat, GrepMatch, GrepOptions, GrepResult, Matcher, OperationError
+import corral.provider
+from corral import FileEntry, FileStat, GrepMatch, GrepResult, OperationError
+from corral.capability import GrepOptions, Matcher
 
 __all__ = ["FsModel", "ModelError", "Tree"]
 
@@ -52,7 +54,7 @@ Tree = dict[str, "Tree | bytes"]
 
 def _parts(path: str) -> tuple[str, ...]:
     try:
-        return corral.path_parts(path)
+        return corral.provider.path_parts(path)
     except OperationError as exc:
         raise ModelError(exc.message, code="invalid_path") from None
 
@@ -182,7 +184,7 @@ class FsModel:
         return [
             FileEntry(
                 name=name,
-                path=corral.join_path(base, name),
+                path=corral.provider.join_path(base, name),
                 type="file" if isinstance(child, bytes) else "dir",
                 size=len(child) if isinstance(child, bytes) else 0,
             )
@@ -223,7 +225,7 @@ class FsModel:
         return sorted(
             _join(sub)
             for sub, _ in self.walk(parts)
-            if corral.glob_match(pattern, "/".join(sub[depth:]))
+            if corral.provider.glob_match(pattern, "/".join(sub[depth:]))
         )
 
     def _grep_files(self, options: GrepOptions) -> list[tuple[tuple[str, ...], bytes]]:
@@ -244,7 +246,7 @@ class FsModel:
         keep = []
         for sub, data in candidates:
             subject = "/".join(sub[depth:]) if "/" in options.glob else sub[-1]
-            if corral.glob_match(options.glob, subject):
+            if corral.provider.glob_match(options.glob, subject):
                 keep.append((sub, data))
         return keep
 
@@ -253,7 +255,7 @@ class FsModel:
         matches: list[GrepMatch] = []
         binary: list[str] = []
         for sub, data in self._grep_files(options):
-            if corral.is_binary(data):
+            if corral.provider.is_binary(data):
                 binary.append(_join(sub))
                 continue
             text = data.decode("utf-8", errors="replace")

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 
 import corral
+import corral.capability
 
 from ._defaults import DEFAULT_MAX_EXAMPLES
 
@@ -87,10 +88,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 @corral.hookimpl
-def corral_register_commands(register: Callable[[corral.CliCommand], None]) -> None:
+def corral_register_commands(register: Callable[[corral.capability.CliCommand], None]) -> None:
     """Contribute ``corral conformance``."""
     register(
-        corral.CliCommand(
+        corral.capability.CliCommand(
             name="conformance",
             help="run the provider conformance suite and print a per-rule table",
             configure=_configure,

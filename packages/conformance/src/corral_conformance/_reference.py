@@ -1,9 +1,10 @@
-"""A small correct provider (fs + snapshot, with :class:`corral.Versions`) over the reference model.
+"""A small correct provider (fs + snapshot, with :class:`corral.provider.Versions`).
 
-It is the yardstick the suite is tested against, and the shortest example of
-a provider that passes: per-session state lives in the workspace's
-``_State``; the provider only keeps an index from unguessable workspace ids
-to live states so that ``resolve`` can re-attach them.
+It runs over the reference model and is the yardstick the suite is tested
+against, and the shortest example of a provider that passes: per-session
+state lives in the workspace's ``_State``; the provider only keeps an index
+from unguessable workspace ids to live states so that ``resolve`` can
+re-attach them.
 """
 
 from __future__ import annotations
@@ -16,13 +17,11 @@ from typing import Final
 import attrs
 
 import corral
+import corral.provider
 from corral import (
     FileEntry,
     FileStat,
-    GrepOptions,
     GrepResult,
-    Matcher,
-    OpenedWorkspace,
     OperationError,
     ProviderConfig,
     SessionRef,
@@ -31,6 +30,8 @@ from corral import (
     WorkspaceFailedError,
     WorkspaceRef,
 )
+from corral.capability import GrepOptions, Matcher
+from corral.provider import OpenedWorkspace
 
 from ._model import FsModel, ModelError
 
@@ -56,7 +57,7 @@ class _State:
 
     def check(self) -> FsModel:
         if self.closed:
-            raise corral.workspace_closed()
+            raise corral.provider.workspace_closed()
         return self.model
 
 
@@ -79,7 +80,7 @@ class _FileSystem:
             self._state.check().write_file(path, data)
         except ModelError as exc:
             raise _plain(exc) from None
-        self._state.mtimes[corral.normalize_path(path)] = time.time()
+        self._state.mtimes[corral.provider.normalize_path(path)] = time.time()
 
     async def edit_file(
         self, path: str, old_text: str, new_text: str, *, replace_all: bool = False
@@ -88,7 +89,7 @@ class _FileSystem:
             count = self._state.check().edit_file(path, old_text, new_text, replace_all=replace_all)
         except ModelError as exc:
             raise _plain(exc) from None
-        self._state.mtimes[corral.normalize_path(path)] = time.time()
+        self._state.mtimes[corral.provider.normalize_path(path)] = time.time()
         return count
 
     async def ls(self, path: str = "/") -> Sequence[FileEntry]:
@@ -166,7 +167,7 @@ class _Snapshotter:
         seed = self._get(snapshot_id).copy()
         return self._provider.ref_of(self._provider.new_state(seed))
 
-    # -- corral.Versions: a version is a frozen model, read without restoring it
+    # -- corral.provider.Versions: a version is a frozen model, read without restoring it
 
     async def read_file_at(
         self, snapshot_id: str, path: str, *, max_bytes: int | None = None
@@ -265,17 +266,17 @@ class ReferenceProvider:
         """The ref of a workspace state."""
         return WorkspaceRef(
             provider_id=self._kind,
-            payload=corral.unstructure_payload(_Payload(state.workspace_id)),
+            payload=corral.provider.unstructure_payload(_Payload(state.workspace_id)),
             capabilities=self.capabilities,
             schema_version=self._version,
         )
 
-    def _workspace(self, state: _State) -> corral.ModularWorkspace:
+    def _workspace(self, state: _State) -> corral.provider.ModularWorkspace:
         async def on_close() -> None:
             state.closed = True
             _STATES.pop(state.workspace_id, None)
 
-        return corral.ModularWorkspace(
+        return corral.provider.ModularWorkspace(
             state.workspace_id,
             fs=_FileSystem(state),
             snapshot=_Snapshotter(self, state),
@@ -298,10 +299,10 @@ class ReferenceProvider:
         state = self.new_state()
         return OpenedWorkspace(workspace=self._workspace(state), ref=self.ref_of(state))
 
-    async def resolve(self, ref: WorkspaceRef) -> corral.ModularWorkspace:
+    async def resolve(self, ref: WorkspaceRef) -> corral.provider.ModularWorkspace:
         """Re-attach a live workspace of this provider."""
-        corral.check_ref(ref, provider_id=self._kind, current=self._version)
-        payload = corral.structure_payload(ref.payload, _Payload, provider_id=self._kind)
+        corral.provider.check_ref(ref, provider_id=self._kind, current=self._version)
+        payload = corral.provider.structure_payload(ref.payload, _Payload, provider_id=self._kind)
         state = _STATES.get(payload.workspace_id)
         if state is None or state.closed:
             raise WorkspaceFailedError("the workspace is gone", provider_id=self._kind)

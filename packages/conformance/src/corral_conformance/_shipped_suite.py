@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from corral import Workspace, WorkspaceProvider, WorkspaceRef
+from corral import WorkspaceRef
+from corral.provider import Workspace, WorkspaceProvider
 
 from ._fixtures import ProviderFixtures
 from ._suites import AbstractProviderTests

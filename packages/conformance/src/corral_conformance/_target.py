@@ -10,7 +10,9 @@ import attrs
 import pytest
 
 import corral
-from corral import Workspace, WorkspaceProvider, WorkspaceRef
+import corral.provider
+from corral import WorkspaceRef
+from corral.provider import Workspace, WorkspaceProvider
 
 from ._harness import _same_ref
 
@@ -22,7 +24,7 @@ HOST_DIR_KEYS: Final = ("host_dir", "root", "path", "directory")
 
 def host_dir_from_details(ws: Workspace) -> Path | None:
     """The host directory a workspace reports in ``details()``, if it is one."""
-    details = corral.describe_workspace(ws)
+    details = corral.provider.describe_workspace(ws)
     for key in HOST_DIR_KEYS:
         value = details.get(key)
         if isinstance(value, str | Path) and Path(value).is_absolute() and Path(value).is_dir():

@@ -19,7 +19,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import corral
-from corral import GrepOptions, OperationError
+import corral.provider
+from corral import OperationError
+from corral.capability import GrepOptions
 
 from ._compare import Outcome, check_same, model_outcome
 from ._fs_machine import diff_trees, model_tree, observe_tree, run_fs_machine
@@ -152,7 +154,7 @@ TREE = define(
 
 
 async def _both(
-    h: Harness, fs: corral.FileSystem, model: FsModel, op: str, *args: Any, **kwargs: Any
+    h: Harness, fs: corral.provider.FileSystem, model: FsModel, op: str, *args: Any, **kwargs: Any
 ) -> Outcome:
     """Run one operation on the provider and the model; assert they agree."""
     want = model_outcome(functools.partial(getattr(model, op), *args, **kwargs))
@@ -170,7 +172,9 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:60] + f"...<{len(text)} chars>"
 
 
-async def _same_tree(h: Harness, fs: corral.FileSystem, model: FsModel, after: str) -> None:
+async def _same_tree(
+    h: Harness, fs: corral.provider.FileSystem, model: FsModel, after: str
+) -> None:
     got = await h.call(observe_tree, fs)
     want = model_tree(model)
     assert got == want, f"after {after}, the tree differs from the model: {diff_trees(got, want)}"
@@ -222,7 +226,7 @@ def _host_canary(host: Path | None) -> Iterator[tuple[Path | None, Path | None, 
         shutil.rmtree(directory, ignore_errors=True)
 
 
-async def _attempt(h: Harness, fs: corral.FileSystem, op: str, path: str) -> Outcome:
+async def _attempt(h: Harness, fs: corral.provider.FileSystem, op: str, path: str) -> Outcome:
     calls: dict[str, Any] = {
         "read_file": lambda: fs.read_file(path),
         "write_file": lambda: fs.write_file(path, b"written"),
@@ -611,7 +615,7 @@ class AbstractFsTests:
             elif shell is not None:
                 made = await h.call(
                     shell.run,
-                    corral.CommandRequest(
+                    corral.provider.CommandRequest(
                         "ln -s target.txt link && ln -s dir dir-link", allow_shell_syntax=True
                     ),
                 )
@@ -620,7 +624,7 @@ class AbstractFsTests:
                 pytest.skip("no host directory and no shell: symlinks cannot be planted")
             for path in ("/link", "link", "/dir-link"):
                 got = await h.call(fs.stat, path)
-                assert (got.type, got.path) == ("symlink", corral.normalize_path(path)), (
+                assert (got.type, got.path) == ("symlink", corral.provider.normalize_path(path)), (
                     f"stat({path!r}) gave {got!r}; a leaf symlink is reported as symlink"
                 )
             assert (await h.call(fs.stat, "/target.txt")).size == 10

@@ -10,8 +10,10 @@ import anyio
 import pytest
 
 import corral
-from corral import CommandRequest, OperationError, Workspace, WorkspaceFailedError
+import corral.capability
+from corral import OperationError, WorkspaceFailedError
 from corral._errors import ERROR_CODES
+from corral.provider import CommandRequest, Workspace
 
 from ._harness import Harness
 from ._rules import define, rule
@@ -74,7 +76,7 @@ def module_calls(ws: Workspace) -> list[tuple[str, Callable[[], Awaitable[Any]]]
             ("fs.glob", lambda: fs.glob("*")),
             (
                 "fs.grep",
-                lambda: fs.grep(_ENGINE.compile("kept"), corral.GrepOptions(path="/")),
+                lambda: fs.grep(_ENGINE.compile("kept"), corral.capability.GrepOptions(path="/")),
             ),
             ("fs.stat", lambda: fs.stat("/kept.txt")),
             ("fs.mkdir", lambda: fs.mkdir("/d")),

@@ -18,13 +18,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import corral
-from corral import (
-    ConfigError,
-    OpenedWorkspace,
-    Workspace,
-    WorkspaceFailedError,
-    WorkspaceRef,
-)
+import corral.provider
+from corral import ConfigError, WorkspaceFailedError, WorkspaceRef
+from corral.provider import OpenedWorkspace, Workspace
 
 from ._harness import Harness, dump_tree
 from ._rules import define, rule
@@ -145,7 +141,7 @@ async def _first_calls(h: Harness, ws: Workspace, capabilities: frozenset[str]) 
     if "snapshot" in capabilities and ws.snapshot is not None:
         await h.call(ws.snapshot.list)
     if "shell" in capabilities and ws.shell is not None:
-        result = await h.call(ws.shell.run, corral.CommandRequest("true", timeout_s=30))
+        result = await h.call(ws.shell.run, corral.provider.CommandRequest("true", timeout_s=30))
         assert result.exit_code == 0, f"first shell call failed: {result!r}"
 
 

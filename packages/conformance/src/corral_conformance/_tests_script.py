@@ -14,7 +14,8 @@ from typing import Any, Final
 import anyio
 import pytest
 
-from corral import CodeInterpreter, ExecResult, OperationError
+from corral import ExecResult, OperationError
+from corral.provider import CodeInterpreter
 
 from ._harness import Harness
 from ._rules import define, rule

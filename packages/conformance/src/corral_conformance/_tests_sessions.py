@@ -15,7 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import corral
-from corral import CommandRequest, OperationError, WorkspaceProvider
+import corral.provider
+from corral import OperationError
+from corral.provider import CommandRequest, WorkspaceProvider
 
 from ._compare import Outcome, check_same, model_outcome
 from ._harness import Harness, dump_tree
@@ -342,7 +344,7 @@ class AbstractSessionTests:
         async with h.session(declared=h.advertised) as a, h.session(declared=h.advertised) as b:
             errors: list[str] = []
 
-            async def drive(name: str, ws: corral.Workspace) -> None:
+            async def drive(name: str, ws: corral.provider.Workspace) -> None:
                 for i in range(6):
                     data = f"{name}{i}".encode()
                     if ws.fs is not None:

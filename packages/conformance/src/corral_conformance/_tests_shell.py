@@ -11,7 +11,8 @@ from typing import Any
 import anyio
 import pytest
 
-from corral import CommandRequest, ExecResult, OperationError, Shell
+from corral import ExecResult, OperationError
+from corral.provider import CommandRequest, Shell
 
 from ._harness import Harness
 from ._rules import define, rule

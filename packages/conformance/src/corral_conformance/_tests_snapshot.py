@@ -6,14 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from corral import (
-    CommandRequest,
-    FileSystem,
-    OpenedWorkspace,
-    OperationError,
-    Snapshotter,
-    WorkspaceFailedError,
-)
+from corral import OperationError, WorkspaceFailedError
+from corral.provider import CommandRequest, FileSystem, OpenedWorkspace, Snapshotter
 
 from ._fs_machine import diff_trees, observe_tree
 from ._harness import Harness, dump_tree

@@ -1,4 +1,4 @@
-"""Versions: snapshots read and compared without restoring them (``corral.Versions``)."""
+"""Versions: snapshots read and compared without restoring them (``corral.provider.Versions``)."""
 
 from __future__ import annotations
 
@@ -6,16 +6,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from corral import (
-    CommandRequest,
-    FileSystem,
-    GrepOptions,
-    OpenedWorkspace,
-    OperationError,
-    VersionChange,
-    Versions,
-    get_regex_engine,
-)
+from corral import OperationError, VersionChange, get_regex_engine
+from corral.capability import GrepOptions
+from corral.provider import CommandRequest, FileSystem, OpenedWorkspace, Versions
 
 from ._fs_machine import diff_trees, observe_tree
 from ._harness import Harness, dump_tree
@@ -63,7 +56,7 @@ def _modules(h: Harness, opened: OpenedWorkspace) -> tuple[FileSystem, Versions]
     fs, snap = opened.workspace.fs, opened.workspace.snapshot
     assert fs is not None
     if not isinstance(snap, Versions):
-        pytest.skip(f"{h.kind}'s snapshot module does not offer corral.Versions")
+        pytest.skip(f"{h.kind}'s snapshot module does not offer corral.provider.Versions")
     return fs, snap
 
 
@@ -88,7 +81,7 @@ async def _change(h: Harness, fs: FileSystem) -> None:
 
 
 class AbstractVersionsTests:
-    """Rules for snapshot modules that are :class:`corral.Versions`."""
+    """Rules for snapshot modules that are :class:`corral.provider.Versions`."""
 
     @rule(READ_EQUALS_RESTORE)
     @pytest.mark.anyio

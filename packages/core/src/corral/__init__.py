@@ -1,8 +1,33 @@
-"""corral: workspaces for AI agents.
+"""corral: workspaces for AI agents, handed to a model as tools.
 
-Files, shell, code execution and snapshots, exposed as LLM tools and backed
-by interchangeable providers discovered through the ``corral`` entry-point
-group. Start with :func:`open_workspace`.
+Three words carry the whole library:
+
+- A **workspace** is one agent session's box -- its files, its shell, its
+  code interpreter, its snapshots -- that can be closed, releasing it and
+  its data.
+- A **provider** makes and finds workspaces of one kind: ``in-memory``
+  (this process), ``local-bash`` (a host directory, no isolation),
+  ``local-sandbox`` (bubblewrap), ``docker`` (a hardened container), or a
+  third party's. You pick one by name; its ref (:class:`WorkspaceRef`) lets
+  the same workspace be found again, in this process or another.
+- A **capability** is what the agent may do, declared in the config
+  (``{"fs": True, "shell": {"allowed_commands": ["ls"]}}``): a name, a
+  policy (:class:`FsPolicy`, :class:`ShellPolicy`, ...) and the **tools**
+  it gives the model. A tool (:class:`Tool`) is a name, a description, the
+  JSON Schema of its arguments and a handler; calling it returns a
+  :class:`ToolResult`, never a traceback. Exporters turn the same tools into
+  OpenAI or Anthropic function specs.
+
+Start with :func:`open_workspace`::
+
+    async with corral.open_workspace("in-memory", {"fs": True}) as ws:
+        result = await ws.call("workspace_write_file", {"path": "/a.txt", "content": "hi"})
+
+This namespace is for whoever builds an agent: opening a workspace, config
+and policy types, results and errors, exporters, observation, the plugin
+loader and ``hookimpl``. Writing a provider: :mod:`corral.provider`.
+Writing a capability: :mod:`corral.capability`. Testing code that uses
+corral: :mod:`corral.testing`. No event loop: :mod:`corral.sync`.
 """
 
 from __future__ import annotations
@@ -28,16 +53,13 @@ from ._bridges import (
     openai_tool,
     openai_tool_messages,
 )
-from ._capabilities import RESERVED_PREFIXES, Capability, check_user_tool_name
 from ._data import (
-    CommandRequest,
     ExecError,
     ExecResult,
     FileEntry,
     FileStat,
     FileType,
     GrepMatch,
-    GrepOptions,
     GrepResult,
     ProviderConfig,
     SessionRef,
@@ -45,8 +67,6 @@ from ._data import (
     WorkspaceConfig,
     WorkspaceRef,
 )
-from ._defaults import DEFAULT_MAX_FILE_BYTES
-from ._edit import apply_edit
 from ._errors import (
     ConfigError,
     ErrorCode,
@@ -55,7 +75,6 @@ from ._errors import (
     WorkspaceEvictedError,
     WorkspaceFailedError,
 )
-from ._forwarding import ForwardingFileSystem, ForwardingShell
 from ._observe import (
     CapabilityEvent,
     Event,
@@ -74,50 +93,14 @@ from ._observe import (
     WorkspaceOpened,
     WorkspaceOpenFailed,
 )
-from ._paths import (
-    BINARY_SNIFF_BYTES,
-    glob_match,
-    is_binary,
-    join_path,
-    normalize_path,
-    path_parts,
-)
-from ._plugins import BLOCK_ENV, CliCommand, PluginSet, ProviderSpec, load_plugins
+from ._plugins import PluginSet, load_plugins
 from ._policies import CodePolicy, FsPolicy, ScriptPolicy, ShellPolicy, SnapshotPolicy
-from ._protocols import (
-    CodeInterpreter,
-    FileSystem,
-    OpenedWorkspace,
-    Shell,
-    Snapshotter,
-    VersionChange,
-    Versions,
-    Workspace,
-    WorkspaceProvider,
-    describe_workspace,
-)
-from ._refs import (
-    check_ref,
-    check_ref_schema_version,
-    ref_from_dict,
-    ref_from_json,
-    ref_to_dict,
-    ref_to_json,
-    structure_payload,
-    unstructure_payload,
-)
-from ._regex import (
-    LineSearch,
-    Matcher,
-    Re2Engine,
-    RegexEngine,
-    RegexModuleEngine,
-    bytes_searcher,
-    get_regex_engine,
-    looks_catastrophic,
-)
+from ._progress import Progress, ProgressCallback, reporting_progress
+from ._progress_bar import ProgressBar
+from ._protocols import VersionChange
+from ._refs import ref_from_dict, ref_from_json, ref_to_dict, ref_to_json
+from ._regex import Re2Engine, RegexEngine, RegexModuleEngine, get_regex_engine
 from ._registry import RegistrySnapshot, RegistryState, ScopedWorkspace, WorkspaceRegistry
-from ._schema import Arg, ArgsSchema, WorkspacePath, args_schema
 from ._session import (
     ToolCallError,
     WorkspaceSession,
@@ -126,38 +109,18 @@ from ._session import (
     open_workspace,
 )
 from ._store import RefStore, StoredSession
-from ._tool import (
-    SessionControl,
-    Tool,
-    ToolEnv,
-    ToolHandler,
-    ToolHints,
-    ToolRenderer,
-    ToolResult,
-    ToolSpec,
-)
+from ._tool import Tool, ToolResult
 from ._tool_source import AsyncCall, ToolSource, bound_tools
 from ._toolset import ResultFilter, WorkspaceToolset
-from ._workspace import ModularWorkspace, workspace_closed
-from .hookspecs import hookimpl, hookspec
+from .hookspecs import hookimpl
 
 __all__ = [
-    "BINARY_SNIFF_BYTES",
-    "BLOCK_ENV",
-    "DEFAULT_MAX_FILE_BYTES",
-    "RESERVED_PREFIXES",
     "AnthropicTool",
     "AnthropicToolResultBlock",
     "AnthropicToolResultMessage",
-    "Arg",
-    "ArgsSchema",
     "AsyncCall",
-    "Capability",
     "CapabilityEvent",
-    "CliCommand",
-    "CodeInterpreter",
     "CodePolicy",
-    "CommandRequest",
     "ConfigError",
     "ErrorCode",
     "Event",
@@ -168,18 +131,11 @@ __all__ = [
     "ExecResult",
     "FileEntry",
     "FileStat",
-    "FileSystem",
     "FileType",
-    "ForwardingFileSystem",
-    "ForwardingShell",
     "FsPolicy",
     "GrepMatch",
-    "GrepOptions",
     "GrepResult",
-    "LineSearch",
-    "Matcher",
     "MetricsSink",
-    "ModularWorkspace",
     "OpenAIAssistantMessage",
     "OpenAIFunction",
     "OpenAIResponsesFunctionCallOutput",
@@ -187,11 +143,12 @@ __all__ = [
     "OpenAITool",
     "OpenAIToolMessage",
     "OpenRetrying",
-    "OpenedWorkspace",
     "OperationError",
     "PluginSet",
+    "Progress",
+    "ProgressBar",
+    "ProgressCallback",
     "ProviderConfig",
-    "ProviderSpec",
     "Re2Engine",
     "RefStore",
     "RegexEngine",
@@ -201,31 +158,21 @@ __all__ = [
     "ResultFilter",
     "ScopedWorkspace",
     "ScriptPolicy",
-    "SessionControl",
     "SessionRef",
-    "Shell",
     "ShellPolicy",
     "SnapshotInfo",
     "SnapshotPolicy",
-    "Snapshotter",
     "StateChanged",
     "StoredSession",
     "Tool",
     "ToolCallError",
     "ToolCallFinished",
     "ToolCaller",
-    "ToolEnv",
-    "ToolHandler",
-    "ToolHints",
-    "ToolRenderer",
     "ToolResult",
     "ToolSource",
-    "ToolSpec",
     "UsageRecorder",
     "UsageSink",
     "VersionChange",
-    "Versions",
-    "Workspace",
     "WorkspaceClosed",
     "WorkspaceConfig",
     "WorkspaceError",
@@ -235,48 +182,31 @@ __all__ = [
     "WorkspaceMetrics",
     "WorkspaceOpenFailed",
     "WorkspaceOpened",
-    "WorkspacePath",
-    "WorkspaceProvider",
     "WorkspaceRef",
     "WorkspaceRegistry",
     "WorkspaceSession",
     "WorkspaceToolset",
     "anthropic_tool",
     "anthropic_tool_results",
-    "apply_edit",
-    "args_schema",
     "bound_tools",
-    "bytes_searcher",
-    "check_ref",
-    "check_ref_schema_version",
-    "check_user_tool_name",
     "default_plugins",
     "default_provider_kind",
-    "describe_workspace",
     "get_regex_engine",
-    "glob_match",
     "hookimpl",
-    "hookspec",
-    "is_binary",
-    "join_path",
     "load_plugins",
-    "looks_catastrophic",
-    "normalize_path",
     "open_workspace",
     "openai_assistant_message",
     "openai_responses_tool",
     "openai_responses_tool_outputs",
     "openai_tool",
     "openai_tool_messages",
-    "path_parts",
     "ref_from_dict",
     "ref_from_json",
     "ref_to_dict",
     "ref_to_json",
-    "structure_payload",
-    "unstructure_payload",
-    "workspace_closed",
+    "reporting_progress",
 ]
+
 
 # A library never prints on its own: without the application's logging config,
 # records under "corral" (every corral package logs there) go nowhere instead of

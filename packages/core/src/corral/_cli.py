@@ -20,6 +20,7 @@ import anyio
 
 from ._errors import ConfigError, WorkspaceError, WorkspaceFailedError
 from ._plugins import KNOWN_COMMANDS, PluginSet
+from ._progress_bar import ProgressBar
 from ._session import (
     default_capabilities,
     default_plugins,
@@ -167,18 +168,26 @@ def _cmd_call(args: argparse.Namespace, plugins: PluginSet) -> int:
                     args.session, kind, ref, capabilities=caps, provider_options=options
                 )
 
-        async with open_workspace(
-            provider,
-            caps,
-            session_id=args.session,
-            ref=stored.ref if stored else None,
-            persist_ref=persist,
-            close_on_exit=not durable,
-            plugins=plugins,
-        ) as ws:
-            result = await ws.call(args.tool, arguments)
-            if ws.ref is not None:
-                await persist(ws.ref)
+        # Snapshots, restores and image pulls of big trees take a while: show
+        # a bar, but only to a person at a terminal (never into a pipe).
+        bar = ProgressBar.for_terminal(sys.stderr)
+        try:
+            async with open_workspace(
+                provider,
+                caps,
+                session_id=args.session,
+                ref=stored.ref if stored else None,
+                persist_ref=persist,
+                close_on_exit=not durable,
+                plugins=plugins,
+                on_progress=bar,
+            ) as ws:
+                result = await ws.call(args.tool, arguments)
+                if ws.ref is not None:
+                    await persist(ws.ref)
+        finally:
+            if bar is not None:
+                bar.clear()
         return _print_result(result, args.json)
 
     return anyio.run(run)

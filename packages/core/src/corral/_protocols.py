@@ -5,7 +5,7 @@ Semantics every implementation follows (the conformance suite checks them):
 Paths are the agent's view of the workspace: ``/a/b.txt`` and ``a/b.txt``
 name the same file; ``..`` that would climb above the root is an
 ``OperationError(code="invalid_path")``, as are NUL bytes, empty components
-from malformed input and over-long paths (see :func:`corral.normalize_path`).
+from malformed input and over-long paths (see :func:`corral.provider.normalize_path`).
 Every name of 1 to 255 UTF-8 bytes without ``/`` or NUL (other than ``.`` and
 ``..``) is legal; names are case-sensitive and kept exactly as given (no
 Unicode normalisation), and file contents are arbitrary bytes.

@@ -4,6 +4,19 @@ The default engine uses the ``regex`` module, whose searches accept a
 timeout, plus a heuristic that refuses patterns with nested quantifiers
 before they can backtrack. ``google-re2`` (``pip install 'corral-core[re2]'``)
 is linear-time; with it the heuristic only warns.
+
+Who uses what, and why it lives in core. The engine is the agent builder's
+choice (``open_workspace(regex_engine=...)``), so :class:`RegexEngine`,
+:class:`RegexModuleEngine`, :class:`Re2Engine` and :func:`get_regex_engine`
+are exported by ``corral`` (and, for capabilities that search,
+``corral.capability``). The fs capability compiles the model's pattern with
+it and hands the provider a :class:`Matcher`; :func:`bytes_searcher` (with
+the literal prefilter of ``_prefilter.py``) is how a provider's grep runs
+that matcher fast over raw bytes, so those are exported by
+``corral.provider``. It is not contract (no protocol depends on the engines)
+but it stays in core: in-memory and the POSIX providers both search with it,
+and providers never import each other. ``LineSearch`` and
+``looks_catastrophic`` are implementation details, not exported.
 """
 
 from __future__ import annotations

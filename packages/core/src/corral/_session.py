@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import secrets
@@ -15,6 +16,7 @@ from ._errors import ConfigError, WorkspaceError
 from ._mount import workspace_path_of
 from ._observe import EventSink, MetricsSink, UsageRecorder, UsageSink, WorkspaceMetrics
 from ._plugins import BLOCK_ENV, PluginSet, load_plugins
+from ._progress import ProgressCallback, reporting_progress
 from ._protocols import WorkspaceProvider
 from ._regex import RegexEngine
 from ._registry import PersistRef, ScopedWorkspace, WorkspaceRegistry
@@ -124,7 +126,10 @@ class WorkspaceSession:
 
     async def workspace(self) -> ScopedWorkspace:
         """The typed workspace (declared modules only), opening it if needed."""
-        return await self.registry.get()
+        if self.toolset.on_progress is None:
+            return await self.registry.get()
+        with reporting_progress(self.toolset.on_progress):
+            return await self.registry.get()
 
     def openai_tools(self, *, strict: bool = False) -> list[OpenAITool]:
         """OpenAI Chat Completions function specs of the tools.
@@ -263,6 +268,7 @@ async def open_workspace(
     transient_retry_attempts: int = 3,
     close_timeout_s: float = 30.0,
     reset_after_s: float | None = None,
+    on_progress: ProgressCallback | None = None,
 ) -> AsyncIterator[WorkspaceSession]:
     """Open a session's workspace with its tools; close it on exit.
 
@@ -298,6 +304,10 @@ async def open_workspace(
         observers: Further event sinks, sync or async (see ``WorkspaceRegistry``).
         regex_engine, trace_context, result_filter: See WorkspaceToolset.
         transient_retry_attempts, close_timeout_s, reset_after_s: See WorkspaceRegistry.
+        on_progress: Receives :class:`~corral.Progress` of long operations:
+            an image pull while opening, snapshot, restore and branch during
+            tool calls. Called from worker threads, throttled; a callback
+            that raises is logged and dropped, never failing the operation.
 
     Raises:
         ConfigError: Unknown provider kind or capability, a capability the
@@ -339,11 +349,13 @@ async def open_workspace(
         trace_context=trace_context,
         result_filter=result_filter,
         owns_registry=close_on_exit,
+        on_progress=on_progress,
     )
     async with registry.delivering_events():
         try:
             if open_strategy == "eager":
-                opened = await registry.get()
+                with reporting_progress(on_progress) if on_progress else contextlib.nullcontext():
+                    opened = await registry.get()
                 toolset.locate(workspace_path_of(opened.details()))
             else:
                 toolset.locate(None)

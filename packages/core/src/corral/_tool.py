@@ -228,7 +228,8 @@ class ToolSpec(Generic[PolicyT, ModuleT]):
             hosts that validate structured results (MCP ``outputSchema``).
 
     Raises:
-        TypeError: The arguments class cannot be compiled (see :func:`corral.args_schema`).
+        TypeError: The arguments class cannot be compiled (see
+            :func:`corral.capability.args_schema`).
     """
 
     __slots__ = (

@@ -12,6 +12,7 @@ workspace, a way to adopt a ref or report an eviction, and ``emit``.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import re
@@ -41,6 +42,7 @@ from ._errors import (
 )
 from ._mount import PathView, path_fields, paths_note, workspace_path_of
 from ._observe import CapabilityEvent, Event, EvictionRetried, ToolCallFinished, log_extra
+from ._progress import ProgressCallback, reporting_progress
 from ._regex import RegexEngine, RegexModuleEngine
 from ._registry import ScopedWorkspace
 from ._tool import PreparedCall, SessionControl, Tool, ToolEnv, ToolOutput, ToolResult, ToolSpec
@@ -221,6 +223,11 @@ class WorkspaceToolset:
         owns_registry: ``aclose`` closes the registry. False for a sub-agent's
             tool set bound to its parent's registry (see :meth:`inherit`).
         logger: Where unexpected handler and filter failures are logged.
+        on_progress: Receives progress of the long operations a call runs
+            (snapshot, restore, branch, an image pull at a lazy open); set
+            around each call (see :mod:`corral._progress` for why a context
+            variable). None leaves a caller's :func:`~corral.reporting_progress`
+            in force.
 
     Raises:
         ConfigError: An unknown capability or a bad policy value.
@@ -236,8 +243,10 @@ class WorkspaceToolset:
         result_filter: ResultFilter | None = None,
         owns_registry: bool = True,
         logger: logging.Logger | None = None,
+        on_progress: ProgressCallback | None = None,
     ) -> None:
         self.registry = registry
+        self.on_progress = on_progress
         self._capabilities = capabilities
         self.regex_engine = regex_engine or RegexModuleEngine()
         self._trace: Mapping[str, str] = dict(trace_context or {})
@@ -322,6 +331,7 @@ class WorkspaceToolset:
         *,
         trace_context: Mapping[str, str] | None = None,
         result_filter: ResultFilter | None = None,
+        on_progress: ProgressCallback | None = None,
     ) -> WorkspaceToolset:
         """A tool set for a sub-agent, bound to this session's workspace.
 
@@ -333,6 +343,7 @@ class WorkspaceToolset:
         Args:
             trace_context: The sub-agent's ids (default: this tool set's).
             result_filter: The sub-agent's filter (default: this tool set's).
+            on_progress: The sub-agent's progress callback (default: this tool set's).
         """
         child = WorkspaceToolset(
             self.registry,
@@ -342,6 +353,7 @@ class WorkspaceToolset:
             result_filter=self._filter if result_filter is None else result_filter,
             owns_registry=False,
             logger=self.log,
+            on_progress=self.on_progress if on_progress is None else on_progress,
         )
         if self._location is not None:
             child.locate(self._location[0])
@@ -398,10 +410,12 @@ class WorkspaceToolset:
         call: PreparedCall[PolicyT, ModuleT] | None = None
         try:
             call = spec.prepare(arguments, strict=strict)
-            located = await self._locate_paths(spec, arguments)
-            if located is not None:
-                call = spec.prepare(located, strict=strict)
-            output = await self._with_eviction_retry(spec.name, call, env)
+            # Locating may open the workspace (a lazy open can pull an image).
+            with self._progress_scope():
+                located = await self._locate_paths(spec, arguments)
+                if located is not None:
+                    call = spec.prepare(located, strict=strict)
+                output = await self._with_eviction_retry(spec.name, call, env)
             result = ToolResult(output.text, data=output.data)
         except OperationError as exc:
             result = ToolResult(exc.message, is_error=True, error_code=exc.code)
@@ -445,6 +459,11 @@ class WorkspaceToolset:
             args = call.as_mapping() if call is not None else {}
             result = await self._apply_filter(spec.name, args, result)
         return result
+
+    def _progress_scope(self) -> contextlib.AbstractContextManager[None]:
+        if self.on_progress is None:
+            return contextlib.nullcontext()
+        return reporting_progress(self.on_progress)
 
     async def _locate_paths(
         self, spec: ToolSpec[PolicyT, ModuleT], arguments: object

@@ -1,8 +1,8 @@
 """The ``snapshot`` capability's tools for reading versions: what changed, and a file as it was.
 
-Both read the stored snapshot only (:class:`corral.Versions`); neither
+Both read the stored snapshot only (:class:`corral.provider.Versions`); neither
 changes the workspace. A snapshot module that is a plain
-:class:`corral.Snapshotter` answers ``unsupported``.
+:class:`corral.provider.Snapshotter` answers ``unsupported``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A ready-made :class:`~corral.Workspace` for providers to return."""
+"""A ready-made :class:`~corral.provider.Workspace` for providers to return."""
 
 from __future__ import annotations
 

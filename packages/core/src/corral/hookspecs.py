@@ -48,7 +48,7 @@ def corral_register_providers(register: Callable[[ProviderSpec], None]) -> None:
     naming both.
 
     Args:
-        register: Accepts a :class:`corral.ProviderSpec`.
+        register: Accepts a :class:`corral.provider.ProviderSpec`.
     """
 
 
@@ -60,7 +60,7 @@ def corral_register_capabilities(register: Callable[[AnyCapability], None]) -> N
     snapshot) included. Tool names must start with ``workspace_``.
 
     Args:
-        register: Accepts a :class:`corral.Capability`.
+        register: Accepts a :class:`corral.capability.Capability`.
     """
 
 
@@ -69,5 +69,5 @@ def corral_register_commands(register: Callable[[CliCommand], None]) -> None:
     """Contribute ``corral`` CLI subcommands (``corral docker gc``, ``corral mcp``...).
 
     Args:
-        register: Accepts a :class:`corral.CliCommand`.
+        register: Accepts a :class:`corral.provider.CliCommand`.
     """

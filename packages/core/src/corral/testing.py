@@ -91,7 +91,7 @@ def tool_env(
     regex_engine: RegexEngine | None = None,
     session: SessionControl | None = None,
 ) -> ToolEnv[PolicyT, ModuleT]:
-    """A :class:`corral.ToolEnv` over a policy and a (fake) module, to test a handler alone.
+    """A :class:`corral.capability.ToolEnv` over a policy and a fake module: a handler alone.
 
     ``await handler(tool_env(MyPolicy(), FakeModule()), MyArgs(...))`` runs one
     tool's logic without a provider, registry or toolset. Without ``session``,

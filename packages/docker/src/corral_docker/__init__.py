@@ -19,6 +19,7 @@ from ._engine import (
     ExecOutput,
     ImageNotFoundError,
     MountSpec,
+    PullProgress,
     Ulimit,
 )
 from ._fake import ExecCall, FakeDockerEngine
@@ -58,6 +59,7 @@ __all__ = [
     "GcResult",
     "ImageNotFoundError",
     "MountSpec",
+    "PullProgress",
     "SdkEngine",
     "Ulimit",
     "WorkspaceContainer",

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import anyio
 
-from corral import WorkspaceEvictedError, WorkspaceFailedError
+from corral.provider import WorkspaceEvictedError, WorkspaceFailedError
 
 from ._engine import (
     ContainerNotFoundError,

@@ -13,6 +13,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
+from corral.provider import ProgressCallback, ProgressReporter
+
 __all__ = [
     "ContainerInfo",
     "ContainerNotFoundError",
@@ -24,6 +26,7 @@ __all__ = [
     "ExecOutput",
     "ImageNotFoundError",
     "MountSpec",
+    "PullProgress",
     "Ulimit",
 ]
 
@@ -150,6 +153,60 @@ class ContainerInfo:
     raw: Mapping[str, Any] = attrs.field(factory=dict)
 
 
+class PullProgress:
+    """Turns the Engine API's pull stream into ``pull`` progress in bytes.
+
+    The stream (``POST /images/create``) is one JSON object per event:
+    ``{"id": layer, "status": "Downloading", "progressDetail": {"current":
+    n, "total": m}}``, then ``Download complete``, ``Extracting``, ``Pull
+    complete``; layers already present say ``Already exists`` and cost
+    nothing. Progress counts downloaded bytes over the sizes of the layers
+    seen downloading so far, so the total grows while layers start and
+    ``done == total`` once every download completed. Events it does not
+    know are ignored (the stream's vocabulary is the daemon's, not ours).
+
+    Args:
+        callback: Where reports go (default: the caller's
+            :func:`corral.reporting_progress`).
+    """
+
+    def __init__(self, callback: ProgressCallback | None = None) -> None:
+        self.reporter = ProgressReporter("pull", unit="bytes", callback=callback)
+        self._done: dict[str, int] = {}
+        self._total: dict[str, int] = {}
+
+    @property
+    def active(self) -> bool:
+        """Whether anyone listens (a caller may skip decoding the stream otherwise)."""
+        return self.reporter.active
+
+    def feed(self, event: Mapping[str, Any]) -> None:
+        """Account one event of the stream."""
+        layer, status = event.get("id"), event.get("status")
+        if not isinstance(layer, str) or not isinstance(status, str):
+            return
+        if status == "Downloading":
+            detail = event.get("progressDetail")
+            if not isinstance(detail, Mapping):
+                return
+            current, total = detail.get("current"), detail.get("total")
+            # Exactly int: a bool or a negative count is not one.
+            if type(current) is not int or type(total) is not int or min(current, total) < 0:
+                return
+            self._total[layer] = max(self._total.get(layer, 0), total)
+            self._done[layer] = max(self._done.get(layer, 0), min(current, total))
+        elif status in ("Download complete", "Pull complete") and layer in self._total:
+            self._done[layer] = self._total[layer]
+        else:
+            return
+        self.reporter.update(sum(self._done.values()), sum(self._total.values()))
+
+    def finish(self) -> None:
+        """Send the final report (the pull succeeded)."""
+        self.reporter.update(sum(self._done.values()), sum(self._total.values()))
+        self.reporter.finish()
+
+
 @runtime_checkable
 class DockerEngine(Protocol):
     """The calls corral makes on a Docker engine; each may raise :class:`EngineError`."""
@@ -164,7 +221,11 @@ class DockerEngine(Protocol):
         ...
 
     async def ensure_image(self, image: str, *, pull: bool) -> None:
-        """Make sure ``image`` is present, pulling it when allowed."""
+        """Make sure ``image`` is present, pulling it when allowed.
+
+        A pull reports ``pull`` progress (see :class:`PullProgress`) to the
+        caller's :func:`corral.reporting_progress` callback.
+        """
         ...
 
     async def create(self, spec: ContainerSpec) -> str:

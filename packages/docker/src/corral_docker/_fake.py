@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import attrs
 
 from ._engine import (
@@ -17,6 +18,7 @@ from ._engine import (
     EngineUnavailableError,
     ExecOutput,
     ImageNotFoundError,
+    PullProgress,
 )
 
 __all__ = ["ExecCall", "FakeDockerEngine"]
@@ -42,6 +44,9 @@ class FakeDockerEngine:
     Args:
         images: Images that are present.
         pullable: Images a pull would fetch.
+        pull_layers: Layer sizes in bytes of every pull; a pull plays the
+            Engine API's event stream for them (in ``pull_chunk_bytes``
+            steps) through :class:`PullProgress`, as the real engine does.
         remote: Report a remote engine.
         exec_handler: Computes exec results (default: exit 0, no output).
 
@@ -58,11 +63,14 @@ class FakeDockerEngine:
         *,
         images: Sequence[str] = ("corral-test:latest",),
         pullable: Sequence[str] = (),
+        pull_layers: Sequence[int] = (3 << 20, 5 << 20, 1 << 20),
         remote: bool = False,
         exec_handler: ExecHandler | None = None,
     ) -> None:
         self.images = set(images)
         self.pullable = set(pullable)
+        self.pull_layers = tuple(pull_layers)
+        self.pull_chunk_bytes = 512 * 1024
         self._remote = remote
         self.exec_handler: ExecHandler = exec_handler or (lambda _c: ExecOutput(exit_code=0))
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
@@ -109,9 +117,39 @@ class FakeDockerEngine:
         if image in self.images:
             return
         if pull and image in self.pullable:
+            progress = PullProgress()
+            for event in self.pull_events():
+                progress.feed(event)
+                await anyio.lowlevel.checkpoint()
+            progress.finish()
             self.images.add(image)
             return
         raise ImageNotFoundError("image not found")
+
+    def pull_events(self) -> list[dict[str, Any]]:
+        """The event stream a pull of :attr:`pull_layers` plays, in the Engine API's shape."""
+        layers = [(f"layer{i:02d}", size) for i, size in enumerate(self.pull_layers)]
+        events: list[dict[str, Any]] = [{"status": "Pulling from fake/image", "id": "latest"}]
+        events += [
+            {"status": "Pulling fs layer", "progressDetail": {}, "id": lid} for lid, _ in layers
+        ]
+        for lid, size in layers:
+            current = 0
+            while current < size:
+                current = min(size, current + self.pull_chunk_bytes)
+                events.append(
+                    {
+                        "status": "Downloading",
+                        "progressDetail": {"current": current, "total": size},
+                        "id": lid,
+                    }
+                )
+            events.append({"status": "Download complete", "progressDetail": {}, "id": lid})
+        events += [
+            {"status": "Pull complete", "progressDetail": {}, "id": lid} for lid, _ in layers
+        ]
+        events.append({"status": "Status: Downloaded newer image for fake/image:latest"})
+        return events
 
     async def create(self, spec: ContainerSpec) -> str:
         """Record the spec and return a new id."""

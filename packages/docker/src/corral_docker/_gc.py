@@ -16,7 +16,7 @@ import anyio
 import anyio.to_thread
 import attrs
 
-from corral import CliCommand
+from corral.provider import CliCommand
 
 from ._engine import ContainerInfo, DockerEngine, EngineError
 from ._labels import LABEL_MANAGED, LABEL_ROOT, LABEL_WORKSPACE, owner_alive

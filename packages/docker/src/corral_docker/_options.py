@@ -15,7 +15,7 @@ from typing import Any, Final, Self
 
 import attrs
 
-from corral import ConfigError
+from corral.provider import ConfigError
 
 from ._engine import ContainerSpec, MountSpec, Ulimit
 

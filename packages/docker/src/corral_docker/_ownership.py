@@ -16,7 +16,7 @@ from typing import Final
 
 import anyio.to_thread
 
-from corral import FileSystem, ForwardingFileSystem, path_parts
+from corral.provider import FileSystem, ForwardingFileSystem, path_parts
 
 __all__ = ["OwnedFileSystem", "chown_path", "prepare_root"]
 

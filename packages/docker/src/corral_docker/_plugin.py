@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import corral
+import corral.provider
 
 from ._gc import gc_command
 from ._provider import DockerProvider
@@ -19,10 +20,10 @@ def _daemon_problem() -> str | None:
 
 
 @corral.hookimpl
-def corral_register_providers(register: Callable[[corral.ProviderSpec], None]) -> None:
+def corral_register_providers(register: Callable[[corral.provider.ProviderSpec], None]) -> None:
     """Register the ``docker`` provider."""
     register(
-        corral.ProviderSpec(
+        corral.provider.ProviderSpec(
             kind="docker",
             factory=DockerProvider,
             capabilities=DockerProvider.capabilities,
@@ -36,6 +37,6 @@ def corral_register_providers(register: Callable[[corral.ProviderSpec], None]) -
 
 
 @corral.hookimpl
-def corral_register_commands(register: Callable[[corral.CliCommand], None]) -> None:
+def corral_register_commands(register: Callable[[corral.provider.CliCommand], None]) -> None:
     """Register ``corral docker gc [--dry-run]``."""
     register(gc_command())

@@ -21,25 +21,25 @@ import anyio
 import anyio.to_thread
 import attrs
 
-from corral import (
+from corral.provider import (
     DEFAULT_MAX_FILE_BYTES,
+    BuildContext,
     FileSystem,
     ModularWorkspace,
+    Modules,
     OpenedWorkspace,
     ProviderConfig,
     SessionRef,
+    WorkspaceAssembly,
     WorkspaceFailedError,
     WorkspaceRef,
+    positive_size_option,
 )
 from corral_posix import (
-    BuildContext,
     CommandChecker,
-    Modules,
     TmpdirFileSystem,
     TmpdirLayout,
     TmpdirRefPayload,
-    WorkspaceAssembly,
-    positive_size_option,
     sanitize_session_id,
 )
 
@@ -75,7 +75,7 @@ class DockerRefPayload:
     workspace: str
     base_dir: str
     remote: bool
-    max_file_bytes: int
+    max_file_bytes: int = attrs.field(validator=attrs.validators.gt(0))
     options: DockerOptions
 
 
@@ -86,7 +86,7 @@ def _default_checker() -> CommandChecker:
 class DockerProvider:
     """Workspaces in hardened Docker containers; fails closed without an engine.
 
-    Open and resolve go through posix-core's :class:`~corral_posix.WorkspaceAssembly`
+    Open and resolve go through core's :class:`~corral.provider.WorkspaceAssembly`
     like every provider here; the container lifecycle, the host directory or
     remote volume, and the pool are this provider's parts.
 
@@ -97,7 +97,7 @@ class DockerProvider:
         base_url: Daemon address; ``ssh://user@host`` selects remote mode.
         tmpdir_root: Parent of the host workspace directories (local mode).
         max_file_bytes: Largest file the file tools read or write (default
-            :data:`corral.DEFAULT_MAX_FILE_BYTES`).
+            :data:`corral.provider.DEFAULT_MAX_FILE_BYTES`).
         engine: A :class:`DockerEngine` to use instead of the SDK adapter.
         checker_factory: Builds the host-side :class:`~corral_posix.CommandChecker`
             each workspace's commands are checked against.

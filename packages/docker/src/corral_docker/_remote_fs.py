@@ -21,7 +21,7 @@ from typing import Final
 
 import attrs
 
-from corral import (
+from corral.provider import (
     ErrorCode,
     FileEntry,
     FileStat,

@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
+from corral.provider import current_progress_callback
+
 from ._engine import (
     ContainerInfo,
     ContainerNotFoundError,
@@ -29,6 +31,7 @@ from ._engine import (
     EngineUnavailableError,
     ExecOutput,
     ImageNotFoundError,
+    PullProgress,
 )
 
 __all__ = ["SdkEngine"]
@@ -127,12 +130,18 @@ class SdkEngine:
         await self._call("ping", lambda api: api.ping())
 
     async def ensure_image(self, image: str, *, pull: bool) -> None:
-        """Make sure ``image`` is present, pulling it when allowed."""
+        """Make sure ``image`` is present, pulling it when allowed.
+
+        The pull is read as the daemon's event stream, which feeds ``pull``
+        progress (:class:`~corral_docker.PullProgress`) and carries the
+        errors a registry reports after the request was accepted.
+        """
         import docker.errors
 
         # The image name comes from the operator's options; the registry's own
         # error text does not reach the message, only its class.
         shown = image if len(image) <= 200 and image.isprintable() else "(configured image)"
+        callback = current_progress_callback()
 
         def run(api: Any) -> None:
             try:
@@ -149,10 +158,22 @@ class SdkEngine:
                 if ":" in image.rsplit("/", maxsplit=1)[-1]
                 else (image, "", "")
             )
+            progress = PullProgress(callback)
             try:
-                api.pull(repo, tag=tag or "latest")
+                for event in api.pull(repo, tag=tag or "latest", stream=True, decode=True):
+                    if not isinstance(event, dict):
+                        continue
+                    if "error" in event:
+                        # A failure after the request was accepted (manifest or
+                        # layer missing, registry gone); its text is not ours to show.
+                        raise ImageNotFoundError(
+                            f"image {shown}; pull: the registry or daemon reported an error "
+                            "partway through"
+                        )
+                    progress.feed(event)
             except docker.errors.APIError as exc:
                 raise ImageNotFoundError(f"image {shown}; pull: {_pull_reason(exc)}") from None
+            progress.finish()
 
         await self._call("ensure image", run)
 

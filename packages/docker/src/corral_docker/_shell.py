@@ -17,12 +17,7 @@ from typing import Any, Final
 
 import anyio
 
-from corral import (
-    CommandRequest,
-    ExecResult,
-    OperationError,
-    WorkspaceEvictedError,
-)
+from corral.provider import CommandRequest, ExecResult, OperationError, WorkspaceEvictedError
 from corral_posix import CommandChecker
 
 from ._engine import ContainerNotFoundError, DockerEngine, EngineError

@@ -27,7 +27,7 @@ from typing import Final
 import anyio
 import anyio.to_thread
 
-from corral import OperationError, WorkspaceRef
+from corral.provider import OperationError, ProgressCallback, WorkspaceRef
 from corral_posix import TmpdirLayout, TmpdirSnapshotter
 
 from ._engine import ContainerNotFoundError, DockerEngine, EngineError
@@ -139,12 +139,18 @@ class DockerSnapshotter(TmpdirSnapshotter):
                     code="failed",
                 ) from None
 
-    async def restore(self, snapshot_id: str) -> WorkspaceRef:
+    async def restore(
+        self, snapshot_id: str, *, on_progress: ProgressCallback | None = None
+    ) -> WorkspaceRef:
         """Stop the commands in flight, then restore by difference in place.
 
         Commands of this workspace wait until the restore is over; commands
         already running (started by any process) are killed first, so
         nothing writes into the tree while it is put back.
+
+        Args:
+            snapshot_id: The version to bring back.
+            on_progress: As :meth:`TmpdirSnapshotter.restore`.
 
         Raises:
             OperationError: Unknown id, damaged stored content, or the
@@ -157,6 +163,6 @@ class DockerSnapshotter(TmpdirSnapshotter):
         done = self._gate.close()
         try:
             await self._kill_commands()
-            return await super().restore(snapshot_id)
+            return await super().restore(snapshot_id, on_progress=on_progress)
         finally:
             self._gate.open(done)

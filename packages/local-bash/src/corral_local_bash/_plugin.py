@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import corral
+import corral.provider
 
 from ._provider import LocalBashProvider
 
@@ -12,10 +13,10 @@ __all__ = ["corral_register_providers"]
 
 
 @corral.hookimpl
-def corral_register_providers(register: Callable[[corral.ProviderSpec], None]) -> None:
+def corral_register_providers(register: Callable[[corral.provider.ProviderSpec], None]) -> None:
     """Contribute the ``local-bash`` provider kind."""
     register(
-        corral.ProviderSpec(
+        corral.provider.ProviderSpec(
             kind="local-bash",
             factory=LocalBashProvider,
             # attrs' converter=frozenset types the field as a generic Iterable.

@@ -36,7 +36,7 @@ from typing import Final
 
 import attrs
 
-from corral import OperationError
+from corral.provider import OperationError
 from corral_posix import WrapContext, WrappedCommand
 
 from ._policy import SANDBOX_HOME, SANDBOX_ROOT, SandboxPolicy

@@ -19,7 +19,7 @@ from typing import Final
 
 import attrs
 
-from corral import WorkspaceFailedError
+from corral.provider import WorkspaceFailedError
 from corral_posix import WrapContext
 
 from ._bwrap import BwrapFeatures, BwrapWrapper

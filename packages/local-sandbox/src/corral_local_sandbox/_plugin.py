@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import corral
+import corral.provider
 
 from ._provider import LocalSandboxProvider
 
@@ -43,10 +44,10 @@ def _bwrap_problem() -> str | None:
 
 
 @corral.hookimpl
-def corral_register_providers(register: Callable[[corral.ProviderSpec], None]) -> None:
+def corral_register_providers(register: Callable[[corral.provider.ProviderSpec], None]) -> None:
     """Contribute the local-sandbox provider."""
     register(
-        corral.ProviderSpec(
+        corral.provider.ProviderSpec(
             kind="local-sandbox",
             factory=LocalSandboxProvider,
             capabilities=LocalSandboxProvider.capabilities,

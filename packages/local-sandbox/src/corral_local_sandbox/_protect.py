@@ -61,7 +61,7 @@ from typing import Final
 import anyio.to_thread
 import attrs
 
-from corral import OperationError
+from corral.provider import OperationError
 from corral_posix import remove_tree_at
 
 from ._policy import ProtectedPath

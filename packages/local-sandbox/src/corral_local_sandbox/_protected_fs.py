@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import anyio.to_thread
 
-from corral import FileSystem, ForwardingFileSystem, OperationError, path_parts
+from corral.provider import FileSystem, ForwardingFileSystem, OperationError, path_parts
 from corral_posix import Resolver, open_beneath
 
 from ._policy import ProtectedPath

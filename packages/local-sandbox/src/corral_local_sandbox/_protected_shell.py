@@ -7,7 +7,7 @@ import logging
 import anyio
 import attrs
 
-from corral import CommandRequest, ExecResult, ForwardingShell, OperationError, Shell
+from corral.provider import CommandRequest, ExecResult, ForwardingShell, OperationError, Shell
 
 from ._protect import STUCK_NOTE, ProtectedPathChecker
 

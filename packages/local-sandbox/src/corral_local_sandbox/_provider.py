@@ -21,7 +21,7 @@ import anyio
 import anyio.to_thread
 import attrs
 
-from corral import FileSystem, OperationError, Shell, WorkspaceFailedError
+from corral.provider import FileSystem, OperationError, Shell, WorkspaceFailedError
 from corral_posix import (
     CommandWrapper,
     Isolation,

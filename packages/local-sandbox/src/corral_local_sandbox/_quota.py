@@ -28,7 +28,7 @@ import anyio
 import anyio.to_thread
 import attrs
 
-from corral import (
+from corral.provider import (
     CommandRequest,
     ExecResult,
     FileSystem,

@@ -14,6 +14,7 @@ import anyio
 import anyio.abc
 
 import corral
+import corral.capability
 from corral import ConfigError, RefStore, WorkspaceFailedError, WorkspaceRef
 
 from ._address import (
@@ -204,7 +205,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(f"cannot serve MCP: {exc.strerror or exc}") from None
 
 
-MCP_COMMAND: Final = corral.CliCommand(
+MCP_COMMAND: Final = corral.capability.CliCommand(
     name="mcp",
     help="serve a workspace's tools over MCP (stdio, or streamable HTTP with --http)",
     configure=_configure,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import corral
+import corral.capability
 
 from ._command import MCP_COMMAND
 
@@ -12,6 +13,6 @@ __all__ = ["corral_register_commands"]
 
 
 @corral.hookimpl
-def corral_register_commands(register: Callable[[corral.CliCommand], None]) -> None:
+def corral_register_commands(register: Callable[[corral.capability.CliCommand], None]) -> None:
     """Register ``corral mcp``."""
     register(MCP_COMMAND)

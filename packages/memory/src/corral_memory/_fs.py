@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import anyio.lowlevel
 
-from corral import (
+from corral.provider import (
     FileEntry,
     FileStat,
     GrepOptions,
@@ -64,7 +64,7 @@ def _stat_of(path: str, node: Node) -> FileStat:
 
 
 class InMemoryFileSystem:
-    """Files of one in-memory workspace (see :class:`corral.FileSystem`).
+    """Files of one in-memory workspace (see :class:`corral.provider.FileSystem`).
 
     Args:
         state: The workspace's state in the process-wide store.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import corral
+import corral.provider
 
 from ._provider import SUPPORTED_CAPABILITIES, InMemoryProvider
 
@@ -12,10 +13,10 @@ __all__ = ["corral_register_providers"]
 
 
 @corral.hookimpl
-def corral_register_providers(register: Callable[[corral.ProviderSpec], None]) -> None:
+def corral_register_providers(register: Callable[[corral.provider.ProviderSpec], None]) -> None:
     """Contribute the ``in-memory`` provider."""
     register(
-        corral.ProviderSpec(
+        corral.provider.ProviderSpec(
             kind="in-memory",
             factory=InMemoryProvider,
             # core's ``converter=frozenset`` leaves mypy with an unsolved TypeVar.

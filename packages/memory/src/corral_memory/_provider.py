@@ -8,18 +8,17 @@ from typing import Any, Final
 import anyio.lowlevel
 import attrs
 
-from corral import (
+from corral.provider import (
+    BuildContext,
     ConfigError,
-    ModularWorkspace,
+    Modules,
     OpenedWorkspace,
     ProviderConfig,
     SessionRef,
     Workspace,
+    WorkspaceAssembly,
     WorkspaceFailedError,
     WorkspaceRef,
-    check_ref,
-    structure_payload,
-    unstructure_payload,
 )
 
 from ._fs import InMemoryFileSystem
@@ -56,6 +55,11 @@ class RefPayload:
 
     workspace_id: str = attrs.field(validator=attrs.validators.matches_re(r"mem-[0-9a-f]{32}"))
     process_token: str = attrs.field(validator=attrs.validators.matches_re(r"[0-9a-f]{32}"))
+
+    @property
+    def workspace(self) -> str:
+        """The workspace's name in the store; its id is ``in-memory:<name>``."""
+        return self.workspace_id
 
 
 def _positive(name: str, value: object) -> int:
@@ -99,6 +103,15 @@ class InMemoryProvider:
             max_grep_file_bytes=_positive("max_grep_file_bytes", max_grep_file_bytes),
             max_snapshots=_positive("max_snapshots", max_snapshots),
         )
+        # fs is built whatever is declared: an in-memory workspace is its files.
+        self._assembly = WorkspaceAssembly(
+            _MemoryBuilder(self._limits),
+            provider_id=PROVIDER_ID,
+            capabilities=SUPPORTED_CAPABILITIES,
+            schema_version=SCHEMA_VERSION,
+            payload_type=RefPayload,
+            always=frozenset({"fs"}),
+        )
 
     @property
     def provider_id(self) -> str:
@@ -135,27 +148,7 @@ class InMemoryProvider:
             WorkspaceFailedError: ``declared`` names a capability this provider
                 cannot populate, or the config carries options.
         """
-        await anyio.lowlevel.checkpoint()
-        if config.options:
-            raise WorkspaceFailedError(
-                "the in-memory provider takes no per-session options; "
-                "pass limits as provider options instead",
-                provider_id=PROVIDER_ID,
-            )
-        if declared is None:
-            built = SUPPORTED_CAPABILITIES
-        else:
-            unsupported = sorted(set(declared) - SUPPORTED_CAPABILITIES)
-            if unsupported:
-                raise WorkspaceFailedError(
-                    f"the in-memory provider cannot populate {', '.join(unsupported)} "
-                    f"(it supports {', '.join(sorted(SUPPORTED_CAPABILITIES))})",
-                    provider_id=PROVIDER_ID,
-                )
-            built = frozenset({"fs"}) | (frozenset(declared) & SUPPORTED_CAPABILITIES)
-        state = new_workspace(self._limits)
-        ref = _make_ref(state.workspace_id, built)
-        return OpenedWorkspace(workspace=_build(state, built), ref=ref)
+        return await self._assembly.open(config, session, declared)
 
     async def resolve(self, ref: WorkspaceRef) -> Workspace:
         """Re-attach a workspace of this process from its ref.
@@ -165,62 +158,72 @@ class InMemoryProvider:
                 unsupported version; it was made by another (exited) process;
                 or its workspace has been closed.
         """
-        await anyio.lowlevel.checkpoint()
         if not isinstance(ref, WorkspaceRef):
             raise WorkspaceFailedError("workspace ref is malformed", provider_id=PROVIDER_ID)
-        check_ref(ref, provider_id=PROVIDER_ID, current=SCHEMA_VERSION)
-        payload = structure_payload(ref.payload, RefPayload, provider_id=PROVIDER_ID)
-        if not ref.capabilities <= SUPPORTED_CAPABILITIES:
-            raise WorkspaceFailedError(
-                "workspace ref lists capabilities the in-memory provider cannot populate",
-                provider_id=PROVIDER_ID,
-            )
-        if payload.process_token != process_token():
-            raise WorkspaceFailedError(_LOST, provider_id=PROVIDER_ID)
-        state = find(payload.workspace_id)
-        if state is None:
-            raise WorkspaceFailedError(_GONE, provider_id=PROVIDER_ID)
-        return _build(state, ref.capabilities | {"fs"})
+        return await self._assembly.resolve(ref)
 
     def __repr__(self) -> str:
         return f"InMemoryProvider({self._limits})"
 
 
-def _make_ref(workspace_id: str, capabilities: frozenset[str]) -> WorkspaceRef:
-    payload = RefPayload(workspace_id=workspace_id, process_token=process_token())
-    return WorkspaceRef(
-        provider_id=PROVIDER_ID,
-        payload=unstructure_payload(payload),
-        # core's ``converter=frozenset`` leaves mypy with an unsolved TypeVar.
-        capabilities=capabilities,
-        schema_version=SCHEMA_VERSION,
-    )
+class _MemoryBuilder:
+    """The parts of an in-memory workspace: an entry in the process-wide store."""
+
+    def __init__(self, limits: Limits) -> None:
+        self._limits = limits
+
+    async def create(
+        self, config: ProviderConfig, session: SessionRef, capabilities: frozenset[str]
+    ) -> tuple[RefPayload, None]:
+        """Refuse per-session options and register a fresh workspace."""
+        await anyio.lowlevel.checkpoint()
+        if config.options:
+            raise WorkspaceFailedError(
+                "the in-memory provider takes no per-session options; "
+                "pass limits as provider options instead",
+                provider_id=PROVIDER_ID,
+            )
+        state = new_workspace(self._limits)
+        return RefPayload(workspace_id=state.workspace_id, process_token=process_token()), None
+
+    async def locate(self, payload: RefPayload) -> None:
+        """Refuse a ref of another (exited) process and a closed workspace."""
+        await anyio.lowlevel.checkpoint()
+        _find(payload)
+
+    async def build(self, ctx: BuildContext[RefPayload, None]) -> Modules:
+        """The filesystem over the stored tree, and the snapshotter when declared."""
+        state = _find(ctx.payload)
+
+        def make_ref(workspace_id: str) -> WorkspaceRef:
+            return ctx.stamp(RefPayload(workspace_id=workspace_id, process_token=process_token()))
+
+        def details() -> Mapping[str, Any]:
+            return {
+                "provider_id": PROVIDER_ID,
+                "workspace_id": f"{PROVIDER_ID}:{state.workspace_id}",
+                # No commands run here: the model's paths are plain workspace paths.
+                "workspace_path": "/",
+                "used_bytes": state.tree.used_bytes,
+                "file_bytes": state.tree.file_bytes,
+                "max_workspace_bytes": state.limits.max_workspace_bytes,
+                "snapshots": len(state.snapshots),
+            }
+
+        snapshot = InMemorySnapshotter(state, make_ref) if "snapshot" in ctx.capabilities else None
+        return Modules(fs=InMemoryFileSystem(state), snapshot=snapshot, details=details)
+
+    async def destroy(self, payload: RefPayload) -> None:
+        """Drop the workspace and its snapshots from the store (already gone is fine)."""
+        state = find(payload.workspace_id)
+        if state is not None:
+            discard(state)
 
 
-def _build(state: WorkspaceState, capabilities: frozenset[str]) -> ModularWorkspace:
-    def make_ref(workspace_id: str) -> WorkspaceRef:
-        return _make_ref(workspace_id, capabilities)
-
-    async def on_close() -> None:
-        discard(state)
-
-    def details() -> Mapping[str, Any]:
-        return {
-            "provider_id": PROVIDER_ID,
-            "workspace_id": state.workspace_id,
-            # No commands run here: the model's paths are plain workspace paths.
-            "workspace_path": "/",
-            "used_bytes": state.tree.used_bytes,
-            "file_bytes": state.tree.file_bytes,
-            "max_workspace_bytes": state.limits.max_workspace_bytes,
-            "snapshots": len(state.snapshots),
-        }
-
-    snapshotter = InMemorySnapshotter(state, make_ref) if "snapshot" in capabilities else None
-    return ModularWorkspace(
-        state.workspace_id,
-        fs=InMemoryFileSystem(state),
-        snapshot=snapshotter,
-        on_close=on_close,
-        details=details,
-    )
+def _find(payload: RefPayload) -> WorkspaceState:
+    if payload.process_token != process_token():
+        raise WorkspaceFailedError(_LOST, provider_id=PROVIDER_ID)
+    state = find(payload.workspace_id)
+    if state is None:
+        raise WorkspaceFailedError(_GONE, provider_id=PROVIDER_ID)
+    return state

@@ -12,7 +12,7 @@ from typing import Final
 
 import anyio.lowlevel
 
-from corral import (
+from corral.provider import (
     BINARY_SNIFF_BYTES,
     GrepMatch,
     GrepOptions,

@@ -7,7 +7,7 @@ keeps the workspace's identity, so ``restore`` returns the same ref.
 Snapshots do not count against the byte budget (they share file data with
 the live tree); ``max_snapshots`` bounds how many a workspace holds.
 
-The snapshotter is also a :class:`corral.Versions`: reading at a version
+The snapshotter is also a :class:`corral.provider.Versions`: reading at a version
 runs the ordinary in-memory file system over a private copy of the
 snapshot's tree (one dict per directory), and ``diff`` compares two trees
 node by node (file nodes are shared, so unchanged files compare by identity).
@@ -22,7 +22,7 @@ from typing import Final, Literal
 
 import anyio.lowlevel
 
-from corral import (
+from corral.provider import (
     FileEntry,
     FileStat,
     GrepOptions,
@@ -59,7 +59,7 @@ def _unknown(snapshot_id: str) -> OperationError:
 
 
 class InMemorySnapshotter:
-    """Point-in-time copies of one in-memory workspace (see :class:`corral.Snapshotter`).
+    """Point-in-time copies of one in-memory workspace (see :class:`corral.provider.Snapshotter`).
 
     Args:
         state: The workspace's state in the process-wide store.
@@ -144,7 +144,7 @@ class InMemorySnapshotter:
         branch = new_workspace(state.limits, tree)
         return self._make_ref(branch.workspace_id)
 
-    # -- reading versions (corral.Versions) ------------------------------------
+    # -- reading versions (corral.provider.Versions) ------------------------------------
 
     async def _fs_at(self, snapshot_id: str) -> tuple[InMemoryFileSystem, float]:
         snapshot_id = self._check_id(snapshot_id)

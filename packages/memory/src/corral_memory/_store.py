@@ -21,7 +21,7 @@ from typing import Final
 
 import attrs
 
-from corral import DEFAULT_MAX_FILE_BYTES
+from corral.provider import DEFAULT_MAX_FILE_BYTES
 
 from ._tree import Tree
 

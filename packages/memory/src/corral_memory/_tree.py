@@ -14,7 +14,7 @@ from typing import Final
 
 import attrs
 
-from corral import OperationError
+from corral.provider import OperationError
 
 __all__ = [
     "DIR_MODE",

@@ -7,14 +7,6 @@ snapshot store that local-bash, local-sandbox and docker share.
 
 from __future__ import annotations
 
-from ._assembly import (
-    BuildContext,
-    Modules,
-    WorkspaceAssembly,
-    WorkspaceBuilder,
-    WorkspacePayload,
-    positive_size_option,
-)
 from ._checker import CheckedCommand, CommandChecker
 from ._fdtree import remove_tree_at
 from ._fs import TmpdirFileSystem
@@ -33,13 +25,11 @@ from ._wrapper import (
 
 __all__: list[str] = [
     "IDENTITY_WRAPPER",
-    "BuildContext",
     "CheckedCommand",
     "CommandChecker",
     "CommandWrapper",
     "IdentityWrapper",
     "Isolation",
-    "Modules",
     "ProcessLimits",
     "Reattachable",
     "Resolver",
@@ -49,15 +39,11 @@ __all__: list[str] = [
     "TmpdirRefPayload",
     "TmpdirSnapshotter",
     "TmpdirWorkspaceProvider",
-    "WorkspaceAssembly",
-    "WorkspaceBuilder",
-    "WorkspacePayload",
     "WrapContext",
     "WrappedCommand",
     "exchange_dirs",
     "open_beneath",
     "openat2_available",
-    "positive_size_option",
     "remove_tree",
     "remove_tree_at",
     "sanitize_session_id",

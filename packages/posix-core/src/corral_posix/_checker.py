@@ -11,7 +11,7 @@ from typing import Final
 
 import attrs
 
-from corral import CommandRequest, OperationError, path_parts
+from corral.provider import CommandRequest, OperationError, path_parts
 
 from ._audit import AuditLog
 from ._env import check_environment, denied_reason

@@ -9,7 +9,7 @@ import tempfile
 from collections.abc import Mapping
 from typing import Final
 
-from corral import OperationError
+from corral.provider import OperationError
 
 __all__ = [
     "DEFAULT_PATH",

@@ -23,7 +23,7 @@ import os
 import stat
 from typing import Final, Literal
 
-from corral import OperationError
+from corral.provider import OperationError
 
 __all__ = ["DIR_FLAGS", "DirChain", "remove_tree_at"]
 

@@ -25,7 +25,7 @@ from typing import Final
 
 import attrs
 
-from corral import (
+from corral.provider import (
     DEFAULT_MAX_FILE_BYTES,
     FileStat,
     FileType,

@@ -9,7 +9,7 @@ from typing import TypeVar
 
 import anyio.to_thread
 
-from corral import (
+from corral.provider import (
     DEFAULT_MAX_FILE_BYTES,
     ConfigError,
     FileEntry,
@@ -82,7 +82,7 @@ class _RootHandle:
 
 
 class TmpdirFileSystem:
-    """A :class:`corral.FileSystem` confined beneath one host directory.
+    """A :class:`corral.provider.FileSystem` confined beneath one host directory.
 
     The root is opened once as a directory fd and every path is resolved
     beneath it by the kernel (``openat2`` with ``RESOLVE_BENEATH``) or, where

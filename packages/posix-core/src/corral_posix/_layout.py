@@ -39,7 +39,7 @@ from typing import Final
 
 import attrs
 
-from corral import WorkspaceFailedError
+from corral.provider import WorkspaceFailedError
 
 from ._fdtree import remove_tree_at
 
@@ -81,7 +81,7 @@ class TmpdirRefPayload:
 
     workspace: str
     base_dir: str
-    max_file_bytes: int
+    max_file_bytes: int = attrs.field(validator=attrs.validators.gt(0))
     allow_leaf_symlinks: bool = False
 
 

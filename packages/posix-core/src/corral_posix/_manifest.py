@@ -29,7 +29,7 @@ from typing import Final, Literal
 
 import attrs
 
-from corral import FileEntry, FileStat, FileType, OperationError, VersionChange
+from corral.provider import FileEntry, FileStat, FileType, OperationError, VersionChange
 
 __all__ = [
     "MAGIC",

@@ -22,18 +22,21 @@ import anyio
 import anyio.to_thread
 import attrs
 
-from corral import (
+from corral.provider import (
     DEFAULT_MAX_FILE_BYTES,
+    BuildContext,
     FileSystem,
     ModularWorkspace,
+    Modules,
     OpenedWorkspace,
     ProviderConfig,
     SessionRef,
     Shell,
+    WorkspaceAssembly,
     WorkspaceRef,
+    positive_size_option,
 )
 
-from ._assembly import BuildContext, Modules, WorkspaceAssembly, positive_size_option
 from ._fs import TmpdirFileSystem
 from ._layout import TmpdirLayout, TmpdirRefPayload
 from ._resolve import Resolver

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, Final, Literal
 
-from corral import ErrorCode, OperationError
+from corral.provider import ErrorCode, OperationError
 
 __all__ = ["Resolver", "errno_code", "open_beneath", "openat2_available"]
 
@@ -239,7 +239,7 @@ def open_beneath(
 ) -> int:
     """Open ``parts`` beneath ``root_fd`` without ever leaving it.
 
-    ``parts`` are lexically clean components from :func:`corral.path_parts`;
+    ``parts`` are lexically clean components from :func:`corral.provider.path_parts`;
     ``()`` opens the root itself. Relative symlinks are followed while they
     stay beneath the root; a symlink as the last component is refused
     (``invalid_path``) unless ``follow_leaf``, except with ``O_PATH``, which

@@ -16,7 +16,7 @@ from typing import Any, Final
 import anyio
 import attrs
 
-from corral import CommandRequest, ExecResult, OperationError, WorkspaceEvictedError
+from corral.provider import CommandRequest, ExecResult, OperationError, WorkspaceEvictedError
 
 from ._capture import Capture, feed, write_now
 from ._checker import CommandChecker

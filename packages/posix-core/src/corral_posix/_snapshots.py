@@ -49,7 +49,7 @@ import anyio
 import anyio.to_thread
 import attrs
 
-from corral import (
+from corral.provider import (
     BINARY_SNIFF_BYTES,
     FileEntry,
     FileStat,
@@ -58,12 +58,15 @@ from corral import (
     GrepResult,
     Matcher,
     OperationError,
+    ProgressCallback,
+    ProgressReporter,
     SnapshotInfo,
     VersionChange,
     WorkspaceEvictedError,
     WorkspaceFailedError,
     WorkspaceRef,
     bytes_searcher,
+    current_progress_callback,
     glob_match,
     is_binary,
     join_path,
@@ -172,6 +175,15 @@ def _read_small(path: str, limit: int) -> bytes:
         os.close(fd)
 
 
+def _apply_progress(
+    operation: str, target: Manifest, callback: ProgressCallback | None
+) -> ProgressReporter | None:
+    """A reporter of an apply walk over ``target`` (every entry below the root), if watched."""
+    if callback is None:
+        return None
+    return ProgressReporter(operation, unit="entries", total=len(target) - 1, callback=callback)
+
+
 @attrs.frozen
 class _Meta:
     info: SnapshotInfo
@@ -185,7 +197,7 @@ def store_path(layout: TmpdirLayout) -> str:
 
 
 class TmpdirSnapshotter:
-    """:class:`corral.Versions` over a :class:`~corral_posix.TmpdirLayout` workspace.
+    """:class:`corral.provider.Versions` over a :class:`~corral_posix.TmpdirLayout` workspace.
 
     Shared by local-bash, local-sandbox and docker: everything
     provider-specific comes in through ``layout`` and ``make_ref``.
@@ -278,8 +290,9 @@ class TmpdirSnapshotter:
         )
 
     def _live_path(self) -> str:
+        # locate() reads only the name and base; the payload's byte cap must be positive.
         payload = TmpdirRefPayload(
-            workspace=self._name, base_dir=self._layout.base_dir, max_file_bytes=0
+            workspace=self._name, base_dir=self._layout.base_dir, max_file_bytes=1
         )
         try:
             return self._layout.locate(payload)
@@ -442,7 +455,14 @@ class TmpdirSnapshotter:
 
     # -- snapshot ------------------------------------------------------------
 
-    def _snapshot_sync(self, label: str | None) -> SnapshotInfo:
+    def _snapshot_sync(
+        self, label: str | None, on_progress: ProgressCallback | None
+    ) -> SnapshotInfo:
+        progress = (
+            ProgressReporter("snapshot", unit="entries", callback=on_progress)
+            if on_progress is not None
+            else None
+        )
         with self._ws_lock():
             self._recover_locked()
             snap_id = f"snap-{time.time_ns():016x}-{secrets.token_hex(4)}"
@@ -452,7 +472,7 @@ class TmpdirSnapshotter:
             prev, trust = (index[0], index[1] - RACY_NS) if index is not None else (None, 0)
             blobs = self._store()
             with self._root_fd() as root_fd, self._store_lock(fcntl.LOCK_SH):
-                manifest, skipped = scan(root_fd, prev, blobs, self._caps, trust)
+                manifest, skipped = scan(root_fd, prev, blobs, self._caps, trust, progress=progress)
                 blobs.sync()
                 info = SnapshotInfo(
                     snapshot_id=snap_id,
@@ -467,12 +487,25 @@ class TmpdirSnapshotter:
             self._cache[snap_id] = (manifest, created)
             while len(self._cache) > _CACHE:
                 self._cache.popitem(last=False)
-            return info
+        if progress is not None:
+            progress.finish()
+        return info
 
-    async def snapshot(self, label: str | None = None) -> SnapshotInfo:
+    async def snapshot(
+        self, label: str | None = None, *, on_progress: ProgressCallback | None = None
+    ) -> SnapshotInfo:
         """Store a new version: only files changed since the last one are read.
 
         FIFOs, sockets and device nodes are skipped and logged.
+
+        Args:
+            label: A note to recognise the version by.
+            on_progress: Receives ``snapshot`` progress in ``entries`` walked
+                (default: the caller's :func:`corral.reporting_progress`).
+                The total is None while walking — a tree's size is unknown
+                until walked, and a previous version's count would be an
+                estimate the walk can overrun — and the final report has
+                ``done == total`` (the entries walked).
 
         Raises:
             OperationError: Bad label, or the tree is over a cap.
@@ -485,8 +518,9 @@ class TmpdirSnapshotter:
                 f"label must be a string of at most {MAX_LABEL_LENGTH} characters",
                 code="invalid_argument",
             )
+        callback = on_progress if on_progress is not None else current_progress_callback()
         async with self._lock:
-            return await anyio.to_thread.run_sync(self._snapshot_sync, label)
+            return await anyio.to_thread.run_sync(self._snapshot_sync, label, callback)
 
     # -- list / delete -------------------------------------------------------
 
@@ -564,7 +598,9 @@ class TmpdirSnapshotter:
     def _journal(self) -> str:
         return os.path.join(self._state, _JOURNAL)
 
-    def _apply_locked(self, snapshot_id: str, target: Manifest) -> None:
+    def _apply_locked(
+        self, snapshot_id: str, target: Manifest, progress: ProgressReporter | None = None
+    ) -> None:
         live = self._live_path()
         index = self._latest_index()
         _write_atomic(self._journal(), snapshot_id.encode())
@@ -576,6 +612,7 @@ class TmpdirSnapshotter:
                 self._store(),
                 snapshot_id,
                 owner=self._owner,
+                progress=progress,
             )
             syncfs(root_fd)
         os.unlink(self._journal())
@@ -610,18 +647,30 @@ class TmpdirSnapshotter:
         """Finish a restore a crash interrupted, before anything uses the workspace."""
         await anyio.to_thread.run_sync(self.recover_sync)
 
-    def _restore_sync(self, snapshot_id: str) -> None:
+    def _restore_sync(self, snapshot_id: str, on_progress: ProgressCallback | None) -> None:
         with self._ws_lock():
             self._recover_locked()
             target, _meta = self._manifest(snapshot_id)
-            self._apply_locked(snapshot_id, target)
+            progress = _apply_progress("restore", target, on_progress)
+            self._apply_locked(snapshot_id, target, progress)
+        if progress is not None:
+            progress.finish()
 
-    async def restore(self, snapshot_id: str) -> WorkspaceRef:
+    async def restore(
+        self, snapshot_id: str, *, on_progress: ProgressCallback | None = None
+    ) -> WorkspaceRef:
         """Make the workspace equal a version, in place, touching only what differs.
 
         The root directory is never swapped (a live bind mount keeps
         working). A restore interrupted by a crash is finished when the
         workspace is next resolved or used (a journal in the state area).
+
+        Args:
+            snapshot_id: The version to bring back.
+            on_progress: Receives ``restore`` progress in ``entries`` of the
+                version checked (default: the caller's
+                :func:`corral.reporting_progress`); the total is the
+                version's entry count, reached by the final report.
 
         Returns:
             The same ref as before.
@@ -633,18 +682,28 @@ class TmpdirSnapshotter:
         """
         if self._closed:
             raise workspace_closed()
+        callback = on_progress if on_progress is not None else current_progress_callback()
         async with self._lock:
-            await anyio.to_thread.run_sync(self._restore_sync, snapshot_id)
+            await anyio.to_thread.run_sync(self._restore_sync, snapshot_id, callback)
         return self._make_ref(self._name)
 
-    def _branch_sync(self, snapshot_id: str) -> str:
+    def _branch_sync(self, snapshot_id: str, on_progress: ProgressCallback | None) -> str:
         target, _meta = self._manifest(snapshot_id)
+        progress = _apply_progress("branch", target, on_progress)
         session_part = self._name[len("ws-") : -len("-xxxxxxxx")]
         new_name = self._layout.create_workspace(session_part)
         try:
             fd = os.open(self._layout.workspace_path(new_name), _DIR_FLAGS)
             try:
-                apply(fd, target, None, self._store(), snapshot_id, owner=self._owner)
+                apply(
+                    fd,
+                    target,
+                    None,
+                    self._store(),
+                    snapshot_id,
+                    owner=self._owner,
+                    progress=progress,
+                )
             finally:
                 os.close(fd)
             if self._after_extract is not None:
@@ -654,10 +713,19 @@ class TmpdirSnapshotter:
         except BaseException:
             self._layout.remove_workspace(new_name)
             raise
+        if progress is not None:
+            progress.finish()
         return new_name
 
-    async def branch(self, snapshot_id: str) -> WorkspaceRef:
+    async def branch(
+        self, snapshot_id: str, *, on_progress: ProgressCallback | None = None
+    ) -> WorkspaceRef:
         """Create a separate workspace materialised from a version (reflinks where possible).
+
+        Args:
+            snapshot_id: The version to start from.
+            on_progress: Receives ``branch`` progress in ``entries`` written,
+                as :meth:`restore` does.
 
         Returns:
             The new workspace's ref; it shares the blob store and has no
@@ -668,7 +736,8 @@ class TmpdirSnapshotter:
         """
         if self._closed:
             raise workspace_closed()
-        new_name = await anyio.to_thread.run_sync(self._branch_sync, snapshot_id)
+        callback = on_progress if on_progress is not None else current_progress_callback()
+        new_name = await anyio.to_thread.run_sync(self._branch_sync, snapshot_id, callback)
         return self._make_ref(new_name)
 
     # -- reading versions ----------------------------------------------------

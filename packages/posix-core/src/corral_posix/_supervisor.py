@@ -21,7 +21,7 @@ from typing import Final
 
 import anyio
 
-from corral import OperationError
+from corral.provider import OperationError
 
 from ._reaper import FLAG_HAS_CWD, IDLE, PASS, REQUEST, RLIMIT, SEQ
 

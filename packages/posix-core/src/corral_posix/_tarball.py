@@ -26,7 +26,7 @@ import stat
 import tarfile
 from typing import IO, Final
 
-from corral import OperationError
+from corral.provider import OperationError
 
 from ._fdtree import DirChain
 

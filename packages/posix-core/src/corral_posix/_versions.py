@@ -32,7 +32,7 @@ from typing import Final
 
 import attrs
 
-from corral import OperationError
+from corral.provider import OperationError, ProgressReporter
 
 from ._blobstore import BlobError, BlobStore
 from ._fdtree import DirChain, _make_accessible, remove_tree_at
@@ -130,6 +130,8 @@ def scan(  # noqa: PLR0915 -- one walk, its branches side by side
     blobs: BlobStore | None,
     caps: Caps,
     trust_before_ns: int,
+    *,
+    progress: ProgressReporter | None = None,
 ) -> tuple[Manifest, list[str]]:
     """The manifest of the tree under ``root_fd``; changed files stored in ``blobs``.
 
@@ -140,6 +142,9 @@ def scan(  # noqa: PLR0915 -- one walk, its branches side by side
         caps: Entry and byte caps.
         trust_before_ns: Only keys whose mtime and ctime are older than this
             (the previous scan's start minus :data:`RACY_NS`) are trusted.
+        progress: Advanced once per entry walked (kept or skipped); its
+            total stays as given (None: a tree's size is unknown until walked).
+            The caller finishes it.
 
     Returns:
         The manifest and the paths skipped (special files, entries that
@@ -165,6 +170,8 @@ def scan(  # noqa: PLR0915 -- one walk, its branches side by side
                     chain.ascend()
                 continue
             name, st = pending.pop()
+            if progress is not None:
+                progress.advance()
             path = f"{base}/{name}"
             kind = kind_of(st.st_mode)
             if kind is None:
@@ -236,8 +243,11 @@ class _Applier:
         blobs: BlobStore,
         label: str,
         owner: tuple[int, int] | None = None,
+        *,
+        progress: ProgressReporter | None = None,
     ) -> None:
         self.t = target
+        self.progress = progress
         self.index = index
         self.blobs = blobs
         self.label = label
@@ -317,6 +327,7 @@ def apply(
     label: str,
     *,
     owner: tuple[int, int] | None = None,
+    progress: ProgressReporter | None = None,
 ) -> int:
     """Make the tree under ``root_fd`` equal ``target``; return how many entries changed.
 
@@ -331,12 +342,16 @@ def apply(
             creates is given to before it becomes visible under its name
             (docker's container user, when the host writes as root); None
             keeps the writer's.
+        progress: Advanced once per entry of ``target`` below the root as
+            its directory is brought in line, so it reaches
+            ``len(target) - 1`` when the walk completes. The caller sets its
+            total and finishes it.
 
     Raises:
         OperationError: A stored blob is missing or corrupt (nothing was
             written from it), or the tree cannot be changed.
     """
-    ap = _Applier(target, index, blobs, label, owner)
+    ap = _Applier(target, index, blobs, label, owner, progress=progress)
     chain = DirChain(root_fd)
     if stat.S_IMODE(os.fstat(root_fd).st_mode) & 0o700 != 0o700:
         os.fchmod(root_fd, 0o700)
@@ -390,6 +405,8 @@ def _apply_dir(ap: _Applier, dir_fd: int, t_dir: int, i_dir: int) -> list[tuple[
         ap.changed += 1
     subdirs: list[tuple[str, int, int]] = []
     for name in sorted(want, reverse=True):
+        if ap.progress is not None:
+            ap.progress.advance()
         idx = want[name]
         kind = t.kind[idx]
         st = have.get(name)

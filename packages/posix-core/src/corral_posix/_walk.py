@@ -19,7 +19,7 @@ from typing import Final
 
 import attrs
 
-from corral import (
+from corral.provider import (
     BINARY_SNIFF_BYTES,
     FileEntry,
     GrepMatch,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from corral import OperationError
+from corral.provider import OperationError
 from corral_posix import TmpdirFileSystem
 
 pytestmark = pytest.mark.anyio

@@ -15,7 +15,8 @@ from typing import TypeVar
 import anyio
 import pytest
 
-from corral import GrepOptions, OperationError, RegexModuleEngine, path_parts
+from corral import RegexModuleEngine
+from corral.provider import GrepOptions, OperationError, path_parts
 from corral_posix import Resolver, TmpdirFileSystem, open_beneath
 
 pytestmark = pytest.mark.anyio

@@ -1,4 +1,4 @@
-"""TmpdirFileSystem: the corral.FileSystem semantics, on both resolvers."""
+"""TmpdirFileSystem: the corral.provider.FileSystem semantics, on both resolvers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 import corral
-from corral import GrepOptions, OperationError, RegexModuleEngine
+import corral.provider
+from corral import RegexModuleEngine
+from corral.provider import GrepOptions, OperationError
 from corral_posix import Resolver, TmpdirFileSystem
 
 pytestmark = pytest.mark.anyio
@@ -21,7 +23,7 @@ async def _code(awaitable: object) -> str:
 
 
 def test_satisfies_the_protocol(fs: TmpdirFileSystem, resolver: Resolver, root: Path) -> None:
-    assert isinstance(fs, corral.FileSystem)
+    assert isinstance(fs, corral.provider.FileSystem)
     assert fs.resolver == resolver
     assert fs.root_path == str(root)
     assert not fs.closed

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import corral
+import corral.provider
 from corral.testing import LinesOnlyMatcher
 from corral_posix._fileops import FsConfig
 from corral_posix._walk import grep_tree
@@ -44,7 +45,7 @@ def test_fast_and_slow_grep_agree(
 ) -> None:
     matcher = corral.RegexModuleEngine().compile(pattern, ignore_case=ignore_case)
     cfg = FsConfig(max_file_bytes=cap)
-    options = corral.GrepOptions(max_results=limit)
+    options = corral.provider.GrepOptions(max_results=limit)
     with tempfile.TemporaryDirectory() as tmp:
         for rel, data in files.items():
             (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -57,7 +58,7 @@ def test_fast_and_slow_grep_agree(
             os.close(fd)
     assert fast == slow
     big = {f"/{p}" for p, d in files.items() if len(d) > cap}
-    binary = {f"/{p}" for p, d in files.items() if corral.is_binary(d)} - big
+    binary = {f"/{p}" for p, d in files.items() if corral.provider.is_binary(d)} - big
     if not fast.truncated:
         assert set(fast.skipped_paths) == big
         assert set(fast.skipped_binary_paths) == binary
@@ -75,8 +76,12 @@ def test_lean_reader_reads_whole_files_within_the_cap(tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(b"x\n" * 10 + b"needle\n")
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        found = grep_tree(fd, matcher, corral.GrepOptions(), FsConfig(max_file_bytes=1 << 20))
-        small_cap = grep_tree(fd, matcher, corral.GrepOptions(), FsConfig(max_file_bytes=10))
+        found = grep_tree(
+            fd, matcher, corral.provider.GrepOptions(), FsConfig(max_file_bytes=1 << 20)
+        )
+        small_cap = grep_tree(
+            fd, matcher, corral.provider.GrepOptions(), FsConfig(max_file_bytes=10)
+        )
     finally:
         os.close(fd)
     assert [(m.path, m.line_number) for m in found.matches] == [("/f", 11)]

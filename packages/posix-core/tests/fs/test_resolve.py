@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from corral import OperationError, path_parts
+from corral.provider import OperationError, path_parts
 from corral_posix import Resolver, _resolve, open_beneath
 
 RD = os.O_RDONLY

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral import OperationError
+from corral.provider import OperationError
 from corral_posix import Resolver, open_beneath, openat2_available
 
 NAMES = ("a", "b", "c")

@@ -9,9 +9,12 @@ strictly, find the storage again and build the modules once more. A
 :class:`WorkspaceAssembly` does that dance; a provider hands it a
 :class:`WorkspaceBuilder` -- the parts only it knows (where storage lives,
 how modules are built, what its ref payload holds) -- and delegates
-``open`` and ``resolve`` to it. The tmpdir providers (local-bash,
-local-sandbox) and docker (host directory or remote volume, container
-lifecycle) are builders.
+``open`` and ``resolve`` to it. Every provider in this repository is a
+builder: the tmpdir providers (local-bash, local-sandbox), docker (host
+directory or remote volume, container lifecycle), in-memory (a process-wide
+store) and isolate (no storage at all). It lives in core, not in the POSIX
+plumbing, because nothing in it is POSIX: a provider for a hosted sandbox
+builds through it too.
 
 Release is a stack (:class:`contextlib.AsyncExitStack`): the builder pushes
 the undo of each part as it builds it, so a failure half-way releases
@@ -29,21 +32,11 @@ from typing import Any, Generic, Protocol, TypeVar
 import anyio
 import attrs
 
-from corral import (
-    CodeInterpreter,
-    FileSystem,
-    ModularWorkspace,
-    OpenedWorkspace,
-    ProviderConfig,
-    SessionRef,
-    Shell,
-    Snapshotter,
-    WorkspaceFailedError,
-    WorkspaceRef,
-    check_ref,
-    structure_payload,
-    unstructure_payload,
-)
+from ._data import ProviderConfig, SessionRef, WorkspaceRef
+from ._errors import WorkspaceFailedError
+from ._protocols import CodeInterpreter, FileSystem, OpenedWorkspace, Shell, Snapshotter
+from ._refs import check_ref, structure_payload, unstructure_payload
+from ._workspace import ModularWorkspace
 
 __all__ = [
     "BuildContext",
@@ -54,20 +47,20 @@ __all__ = [
     "positive_size_option",
 ]
 
-log = logging.getLogger("corral.posix.assembly")
+log = logging.getLogger("corral.assembly")
 
 
 class WorkspacePayload(Protocol):
-    """What every ref payload an assembly handles names (an attrs class in practice)."""
+    """What every ref payload an assembly handles names (an attrs class in practice).
+
+    The payload class validates its own fields (attrs validators): resolve
+    structures untrusted payloads into it strictly, and a value it refuses
+    becomes a bare "malformed" error.
+    """
 
     @property
     def workspace(self) -> str:
         """The workspace's name; the workspace id is ``<provider id>:<name>``."""
-        ...
-
-    @property
-    def max_file_bytes(self) -> int:
-        """The file-size cap of the workspace's filesystem (positive)."""
         ...
 
 
@@ -84,6 +77,7 @@ class Modules:
         fs: The filesystem the agent's tools use (already decorated).
         shell: The shell (already decorated).
         code: The code interpreter.
+        script: The ephemeral script runner.
         snapshot: The snapshotter.
         details: Returns the provider's facts for ``describe()``; the
             assembly adds ``provider`` and ``capabilities``.
@@ -92,6 +86,7 @@ class Modules:
     fs: FileSystem | None = None
     shell: Shell | None = None
     code: CodeInterpreter | None = None
+    script: CodeInterpreter | None = None
     snapshot: Snapshotter | None = None
     details: Callable[[], Mapping[str, Any]] = dict
 
@@ -171,6 +166,9 @@ class WorkspaceAssembly(Generic[P, O]):
         capabilities: The modules the provider can build.
         schema_version: Version of the ref payload (N-1 and N resolve).
         payload_type: The attrs class refs' payloads are structured into.
+        always: Modules built whatever is declared, because the provider is
+            useless without them (in-memory's ``fs``, isolate's ``script``);
+            the ref lists them. Empty by default: build what is declared.
     """
 
     def __init__(
@@ -181,12 +179,16 @@ class WorkspaceAssembly(Generic[P, O]):
         capabilities: frozenset[str],
         schema_version: int,
         payload_type: type[P],
+        always: frozenset[str] = frozenset(),
     ) -> None:
+        if not always <= capabilities:
+            raise ValueError("always must be a subset of capabilities")
         self._builder = builder
         self._provider_id = provider_id
         self._capabilities = capabilities
         self._schema_version = schema_version
         self._payload_type = payload_type
+        self._always = always
 
     def fail(self, message: str, *, transient: bool = False) -> WorkspaceFailedError:
         """A ``WorkspaceFailedError`` prefixed with the provider id."""
@@ -208,8 +210,11 @@ class WorkspaceAssembly(Generic[P, O]):
             return self._capabilities
         missing = sorted(set(declared) - self._capabilities)
         if missing:
-            raise self.fail(f"cannot provide capabilities: {', '.join(missing)}")
-        return frozenset(declared)
+            supported = ", ".join(sorted(self._capabilities))
+            raise self.fail(
+                f"cannot provide capabilities: {', '.join(missing)} (it supports {supported})"
+            )
+        return frozenset(declared) | self._always
 
     async def open(
         self,
@@ -240,9 +245,7 @@ class WorkspaceAssembly(Generic[P, O]):
         """
         check_ref(ref, provider_id=self._provider_id, current=self._schema_version)
         payload = structure_payload(ref.payload, self._payload_type, provider_id=self._provider_id)
-        if payload.max_file_bytes <= 0:
-            raise self.fail("workspace ref payload is malformed")
-        caps = ref.capabilities or self._capabilities
+        caps = (ref.capabilities or self._capabilities) | self._always
         if caps - self._capabilities:
             raise self.fail("the ref lists capabilities this provider cannot provide")
         await self._builder.locate(payload)
@@ -291,6 +294,7 @@ class WorkspaceAssembly(Generic[P, O]):
             fs=modules.fs,
             shell=modules.shell,
             code=modules.code,
+            script=modules.script,
             snapshot=modules.snapshot,
             on_close=close,
             details=details,

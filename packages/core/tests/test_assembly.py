@@ -7,14 +7,8 @@ from typing import Any
 import attrs
 import pytest
 
-from corral import (
-    OperationError,
-    ProviderConfig,
-    SessionRef,
-    WorkspaceFailedError,
-    WorkspaceRef,
-)
-from corral_posix import BuildContext, Modules, WorkspaceAssembly, positive_size_option
+from corral import OperationError, ProviderConfig, SessionRef, WorkspaceFailedError, WorkspaceRef
+from corral.provider import BuildContext, Modules, WorkspaceAssembly, positive_size_option
 
 PROVIDER = "fake-assembled"
 
@@ -22,7 +16,7 @@ PROVIDER = "fake-assembled"
 @attrs.frozen
 class Payload:
     workspace: str
-    max_file_bytes: int
+    max_file_bytes: int = attrs.field(validator=attrs.validators.gt(0))
 
 
 class Builder:
@@ -34,6 +28,7 @@ class Builder:
         self.fail_at: str | None = None
         self.fail_release: bool = False
         self.count = 0
+        self.built: list[frozenset[str]] = []
 
     async def create(
         self, config: ProviderConfig, session: SessionRef, capabilities: frozenset[str]
@@ -53,6 +48,7 @@ class Builder:
 
     async def build(self, ctx: BuildContext[Payload, str]) -> Modules:
         self.events.append(f"build fresh={ctx.fresh} opening={ctx.opening}")
+        self.built.append(ctx.capabilities)
         for part in ("container", "fs", "shell"):
             if self.fail_at == part:
                 raise OperationError(f"{part} failed", code="failed")
@@ -182,3 +178,30 @@ def test_positive_size_option_refuses_what_is_not_a_positive_int() -> None:
     assert positive_size_option({"n": 3}, "n", 5) == 3
     for bad in (0, -1, True, 1.5, "3", None):
         assert positive_size_option({"n": bad}, "n", 5) is None
+
+
+@pytest.mark.anyio
+async def test_modules_a_provider_always_builds_are_built_and_listed_whatever_is_declared() -> None:
+    builder = Builder()
+    asm = WorkspaceAssembly(
+        builder,
+        provider_id=PROVIDER,
+        capabilities=frozenset({"fs", "shell"}),
+        schema_version=3,
+        payload_type=Payload,
+        always=frozenset({"fs"}),
+    )
+    opened = await asm.open(CONFIG, SessionRef("s"), frozenset())
+    assert opened.ref.capabilities == {"fs"}
+    assert builder.built == [frozenset({"fs"})]
+    await asm.resolve(attrs.evolve(opened.ref, capabilities=frozenset({"shell"})))
+    assert builder.built[-1] == {"fs", "shell"}
+    with pytest.raises(ValueError, match="subset"):
+        WorkspaceAssembly(
+            builder,
+            provider_id=PROVIDER,
+            capabilities=frozenset({"fs"}),
+            schema_version=3,
+            payload_type=Payload,
+            always=frozenset({"script"}),
+        )
