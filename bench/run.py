@@ -25,7 +25,9 @@ from rows_exec import open_rows, run_rows
 from rows_fs import fs_rows
 from rows_grep import grep_rows
 from rows_scale import scale_rows
+from rows_script import script_rows
 from rows_snapshot import snapshot_rows
+from rows_versions import versions_rows
 
 HERE = Path(__file__).resolve().parent
 GROUPS: dict[str, tuple[str, Callable[[Ctx], Awaitable[list[Row]]]]] = {
@@ -35,6 +37,8 @@ GROUPS: dict[str, tuple[str, Callable[[Ctx], Awaitable[list[Row]]]]] = {
     "grep": ("4", grep_rows),
     "snapshot": ("5", snapshot_rows),
     "scale": ("6", scale_rows),
+    "script": ("7", script_rows),
+    "versions": ("8", versions_rows),
 }
 
 
