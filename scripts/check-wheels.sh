@@ -9,6 +9,9 @@ declare -A module=(
   [corral_core]=corral [corral_posix_core]=corral_posix [corral_memory]=corral_memory
   [corral_local_bash]=corral_local_bash [corral_local_sandbox]=corral_local_sandbox
   [corral_docker]=corral_docker [corral_conformance]=corral_conformance [corral_mcp]=corral_mcp
+  [corral_isolate]=corral_isolate [corral_inspect]=corral_inspect
+  [corral_pydantic_ai]=corral_pydantic_ai [corral_openai_agents]=corral_openai_agents
+  [corral_langchain]=corral_langchain [corral_deepagents]=corral_deepagents
 )
 status=0
 for wheel in "$dist"/*.whl; do

@@ -1,0 +1,17 @@
+"""Fixtures for the corral-langchain tests.
+
+LangChain's async path runs only on asyncio (its callback manager uses asyncio.gather),
+so these tests override the repository's trio+asyncio ``anyio_backend``: the
+adapter's own code is backend-neutral, and the corral side of every call is
+proven on trio by corral-core's tests.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """The framework's only backend."""
+    return "asyncio"
