@@ -1,36 +1,45 @@
 #!/usr/bin/env bash
-# Run corral-core's tests against the LOWEST versions its direct dependencies
-# (and those of the packages its tests load: posix-core, memory, local-bash)
-# allow, so a floor in a pyproject is a tested promise, not a guess.
+# Run corral-core's tests with corral-core's direct dependencies at the LOWEST
+# versions its pyproject allows, so a floor there is a tested promise, not a
+# guess. Everything else (the sibling packages the tests load, their own
+# dependencies, the test tools) stays at the repository's locked versions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 UV=${UV:-uv}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-packages=(core posix-core memory local-bash)
 
-# Third-party requirements of those packages (siblings excluded), core's re2 extra included.
-python3 - "${packages[@]}" >"$work/direct.in" <<'PY'
-import sys, tomllib
-for name in sys.argv[1:]:
-    with open(f"packages/{name}/pyproject.toml", "rb") as fh:
-        project = tomllib.load(fh)["project"]
-    reqs = list(project.get("dependencies", []))
-    reqs += project.get("optional-dependencies", {}).get("re2", [])
-    for req in reqs:
-        if not req.startswith("corral-"):
-            print(req)
+# corral-core's own third-party requirements, its re2 extra included.
+python3 - >"$work/direct.in" <<'PY'
+import tomllib
+with open("packages/core/pyproject.toml", "rb") as fh:
+    project = tomllib.load(fh)["project"]
+for req in [*project["dependencies"], *project.get("optional-dependencies", {}).get("re2", [])]:
+    print(req)
 PY
 "$UV" pip compile --quiet --resolution lowest-direct --python-version 3.11 \
   "$work/direct.in" -o "$work/lowest.txt"
-echo "lowest direct dependencies:"; grep -v '^ *#' "$work/lowest.txt" | sed 's/^/  /'
+echo "corral-core's direct dependencies at their lowest:"; grep -v '^ *#' "$work/lowest.txt" | sed 's/^/  /'
+
+# Every other third-party package at its locked version, minus what lowest.txt pins.
+"$UV" export --quiet --frozen --all-packages --group dev --no-hashes --no-emit-workspace \
+  --no-header --no-annotate >"$work/locked-all.txt"
+python3 - "$work/lowest.txt" "$work/locked-all.txt" >"$work/locked.txt" <<'PY'
+import re, sys
+def name(line):
+    m = re.match(r"([A-Za-z0-9_.-]+)", line)
+    return m.group(1).lower().replace("_", "-") if m else None
+lowest = {name(l) for l in open(sys.argv[1]) if l.strip() and not l.lstrip().startswith("#")}
+for line in open(sys.argv[2]):
+    n = name(line)
+    if n and n not in lowest and not line.lstrip().startswith("#"):
+        print(line.rstrip())
+PY
+
 "$UV" venv --quiet --python 3.11 "$work/venv"
-export VIRTUAL_ENV="$work/venv"
-# The test tools at the repository's locked versions; the library's floor at its lowest.
-"$UV" export --quiet --frozen --only-group dev --no-hashes --no-emit-workspace \
-  | grep -E '^(pytest|hypothesis|iniconfig|packaging|pluggy|sortedcontainers)==' >"$work/tools.txt"
-"$UV" pip install --quiet -r "$work/tools.txt"
-"$UV" pip install --quiet -r "$work/lowest.txt"
-"$UV" pip install --quiet --no-deps "${packages[@]/#/./packages/}"
-"$UV" pip list --quiet 2>/dev/null | grep -iE "^(anyio|attrs|cattrs|pluggy|trio|regex) " | sed "s/^/  installed: /"
-"$work/venv/bin/python" -m pytest packages/core/tests -q -p no:cacheprovider
+export VIRTUAL_ENV="$work/venv" PATH="$work/venv/bin:$PATH"
+"$UV" pip install --quiet --no-deps -r "$work/locked.txt" -r "$work/lowest.txt"
+"$UV" pip install --quiet --no-deps packages/*/
+"$UV" pip list --quiet 2>/dev/null | grep -iE "^(anyio|attrs|cattrs|pluggy|trio|regex|google-re2) " \
+  | sed "s/^/  installed: /"
+python -m pytest packages/core/tests -q -p no:cacheprovider

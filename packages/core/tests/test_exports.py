@@ -111,6 +111,8 @@ EXPECTED: dict[str, frozenset[str]] = {
     ),
     "corral.provider": frozenset(
         {
+            "echo_if_short",
+            "lazy_exports",
             "BINARY_SNIFF_BYTES",
             "BuildContext",
             "CliCommand",
@@ -174,6 +176,8 @@ EXPECTED: dict[str, frozenset[str]] = {
     ),
     "corral.capability": frozenset(
         {
+            "echo_if_short",
+            "lazy_exports",
             "Arg",
             "ArgsSchema",
             "Capability",

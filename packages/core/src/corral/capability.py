@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from ._capabilities import Capability
 from ._data import GrepOptions
+from ._echo import echo_if_short
 from ._errors import ConfigError, ErrorCode, OperationError
+from ._lazy import lazy_exports
 from ._plugins import CliCommand
 from ._regex import Matcher, RegexEngine, get_regex_engine
 from ._schema import Arg, ArgsSchema, WorkspacePath, args_schema
@@ -58,6 +60,8 @@ __all__ = [
     "ToolSpec",
     "WorkspacePath",
     "args_schema",
+    "echo_if_short",
     "get_regex_engine",
     "hookimpl",
+    "lazy_exports",
 ]

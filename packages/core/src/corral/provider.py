@@ -55,6 +55,7 @@ from ._data import (
     WorkspaceRef,
 )
 from ._defaults import DEFAULT_MAX_FILE_BYTES
+from ._echo import echo_if_short
 from ._edit import apply_edit
 from ._errors import (
     ConfigError,
@@ -64,6 +65,7 @@ from ._errors import (
     WorkspaceFailedError,
 )
 from ._forwarding import ForwardingFileSystem, ForwardingShell
+from ._lazy import lazy_exports
 from ._paths import (
     BINARY_SNIFF_BYTES,
     glob_match,
@@ -141,10 +143,12 @@ __all__ = [
     "check_ref_schema_version",
     "current_progress_callback",
     "describe_workspace",
+    "echo_if_short",
     "glob_match",
     "hookimpl",
     "is_binary",
     "join_path",
+    "lazy_exports",
     "normalize_path",
     "path_parts",
     "positive_size_option",

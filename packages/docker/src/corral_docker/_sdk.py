@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
-from corral.provider import current_progress_callback
+from corral.provider import current_progress_callback, echo_if_short
 
 from ._engine import (
     ContainerInfo,
@@ -140,7 +140,7 @@ class SdkEngine:
 
         # The image name comes from the operator's options; the registry's own
         # error text does not reach the message, only its class.
-        shown = image if len(image) <= 200 and image.isprintable() else "(configured image)"
+        shown = echo_if_short(image, limit=200, fallback="(configured image)")
         callback = current_progress_callback()
 
         def run(api: Any) -> None:
@@ -434,7 +434,7 @@ def daemon_problem(base_url: str | None = None, *, timeout_s: float = 3.0) -> st
         return exc.message
     except Exception:
         where = base_url or os.environ.get("DOCKER_HOST") or "the local socket"
-        shown = where if len(where) <= 200 and where.isprintable() else "the configured address"
+        shown = echo_if_short(where, limit=200, fallback="the configured address")
         return f"no Docker daemon answers at {shown}; start dockerd or set DOCKER_HOST"
     finally:
         if engine._client is not None:

@@ -10,6 +10,7 @@ import ipaddress
 from typing import Final
 
 from corral import ConfigError
+from corral.capability import echo_if_short
 
 __all__ = [
     "DEFAULT_HTTP_PATH",
@@ -42,7 +43,7 @@ def check_bind_host(host: str, *, allow_remote: bool = False) -> str:
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
-        shown = host if len(host) <= 64 and host.isprintable() else "?"
+        shown = echo_if_short(host)
         raise ConfigError(f"HTTP host {shown!r} is not an IP address or 'localhost'") from None
     if not ip.is_loopback and not allow_remote:
         raise ConfigError(
@@ -59,7 +60,7 @@ def parse_http_address(text: str) -> tuple[str, int]:
         ConfigError: Not of that shape, or the port is out of range.
     """
     host, sep, port_text = text.rpartition(":")
-    shown = text if len(text) <= 80 and text.isprintable() else "?"
+    shown = echo_if_short(text, limit=80)
     if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         raise ConfigError(f"--http expects HOST:PORT, e.g. 127.0.0.1:8765 (got {shown!r})")
     if host.startswith("[") != host.endswith("]"):

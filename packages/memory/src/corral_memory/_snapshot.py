@@ -32,6 +32,7 @@ from corral.provider import (
     SnapshotInfo,
     VersionChange,
     WorkspaceRef,
+    echo_if_short,
     workspace_closed,
 )
 
@@ -54,7 +55,7 @@ def _info(snap: StoredSnapshot) -> SnapshotInfo:
 
 
 def _unknown(snapshot_id: str) -> OperationError:
-    shown = snapshot_id if len(snapshot_id) <= 64 and snapshot_id.isprintable() else "given"
+    shown = echo_if_short(snapshot_id, fallback="given")
     return OperationError(f"no snapshot {shown!r} in this workspace", code="not_found")
 
 
