@@ -45,10 +45,15 @@ def make_deep(root: Path, depth: int = DEPTH, name: str = "d") -> None:
 
 
 @contextlib.contextmanager
-def few_fds(limit: int = 128) -> Iterator[None]:
-    """A soft RLIMIT_NOFILE far below the depth: one fd per level would fail."""
+def few_fds(headroom: int = 96) -> Iterator[None]:
+    """A soft RLIMIT_NOFILE far below the depth: one fd per level would fail.
+
+    ``headroom`` free descriptors above what the process already holds (a
+    long test session holds many; the limit counts descriptor numbers).
+    """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+    limit = len(os.listdir("/proc/self/fd")) + headroom
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(limit, hard), hard))
     try:
         yield
     finally:

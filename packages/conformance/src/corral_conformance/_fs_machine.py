@@ -130,6 +130,15 @@ def run_fs_machine(h: Harness) -> None:
             for path, data in files:
                 self.write_file(path, data)
 
+        @initialize(times=st.integers(2, 4), replace_all=st.booleans())
+        def seed_repeats(self, times: int, replace_all: bool) -> None:
+            # Every run edits text that occurs several times, so counts that
+            # only go wrong beyond one occurrence (or one replacement) are met
+            # whatever else the run draws.
+            self.write_file("/repeats.txt", b"ab\n" * times)
+            self.edit_file("/repeats.txt", "a", "xy", replace_all)
+            self.edit_file("/repeats.txt", "b", "", True)
+
         @rule(target=_written, path=_files, data=contents)
         def write_file(self, path: str, data: bytes) -> str:
             self.both(
