@@ -91,6 +91,11 @@ class ScopedWorkspace:
         self._modules = modules
 
     @property
+    def inner(self) -> Workspace:
+        """The provider's workspace this view scopes (identity: one per live workspace)."""
+        return self._inner
+
+    @property
     def id(self) -> str:
         """The workspace id."""
         return self._inner.id

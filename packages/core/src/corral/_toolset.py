@@ -17,6 +17,7 @@ import inspect
 import logging
 import re
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Final, Generic, Literal, Protocol, TypeVar, cast
 
@@ -165,14 +166,27 @@ class _NoSessionControl:
         raise self._refuse()
 
 
+_VIEWS: weakref.WeakKeyDictionary[object, PathView] = weakref.WeakKeyDictionary()
+"""Path view per live workspace: its mount path is fixed for its life, and building
+``details()`` on every tool call cost more than the rest of the path handling."""
+
+
 def _path_view(ws: ScopedWorkspace) -> PathView:
     """The workspace's path view; a provider whose ``details()`` fails keeps the plain view."""
+    inner = ws.inner
+    try:
+        return _VIEWS[inner]
+    except (KeyError, TypeError):  # TypeError: a workspace that takes no weak reference
+        pass
     try:
         details = ws.details()
     except Exception:
         log.warning("workspace details() raised; paths shown workspace-relative", exc_info=True)
         return PathView()
-    return PathView(workspace_path_of(details))
+    view = PathView(workspace_path_of(details))
+    with contextlib.suppress(TypeError):
+        _VIEWS[inner] = view
+    return view
 
 
 class _Env(Generic[PolicyT, ModuleT]):
@@ -483,6 +497,8 @@ class WorkspaceToolset:
         if not absolute:
             return None
         view = _path_view(await self.registry.get())
+        if view.root == "/":
+            return None  # every absolute path already is a workspace path
         changed: dict[str, object] = {}
         for name in absolute:
             inner = view.accept(arguments[name])
