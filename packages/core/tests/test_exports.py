@@ -111,6 +111,15 @@ EXPECTED: dict[str, frozenset[str]] = {
     ),
     "corral.provider": frozenset(
         {
+            "DEFAULT_RETAINED_BYTES",
+            "CursorExpiredError",
+            "ProcessInfo",
+            "ProcessManager",
+            "ProcessRequest",
+            "ProcessState",
+            "StreamChunk",
+            "StreamName",
+            "TerminalSize",
             "echo_if_short",
             "lazy_exports",
             "BINARY_SNIFF_BYTES",

@@ -79,6 +79,7 @@ class Modules:
         code: The code interpreter.
         script: The ephemeral script runner.
         snapshot: The snapshotter.
+        extra: Further modules by module name (``process``, a third party's...).
         details: Returns the provider's facts for ``describe()``; the
             assembly adds ``provider`` and ``capabilities``.
     """
@@ -88,6 +89,7 @@ class Modules:
     code: CodeInterpreter | None = None
     script: CodeInterpreter | None = None
     snapshot: Snapshotter | None = None
+    extra: Mapping[str, object] = attrs.field(factory=dict)
     details: Callable[[], Mapping[str, Any]] = dict
 
 
@@ -296,6 +298,7 @@ class WorkspaceAssembly(Generic[P, O]):
             code=modules.code,
             script=modules.script,
             snapshot=modules.snapshot,
+            extra_modules=modules.extra,
             on_close=close,
             details=details,
         )

@@ -47,6 +47,9 @@ ErrorCode = Literal[
     "timeout",
     "unsupported",
     "closed",
+    "cursor_expired",
+    "lost",
+    "busy",
     "failed",
 ]
 

@@ -75,6 +75,17 @@ from ._paths import (
     path_parts,
 )
 from ._plugins import CliCommand, ProviderSpec
+from ._process import (
+    DEFAULT_RETAINED_BYTES,
+    CursorExpiredError,
+    ProcessInfo,
+    ProcessManager,
+    ProcessRequest,
+    ProcessState,
+    StreamChunk,
+    StreamName,
+    TerminalSize,
+)
 from ._progress import Progress, ProgressCallback, ProgressReporter, current_progress_callback
 from ._protocols import (
     CodeInterpreter,
@@ -96,11 +107,13 @@ from .hookspecs import hookimpl
 __all__ = [
     "BINARY_SNIFF_BYTES",
     "DEFAULT_MAX_FILE_BYTES",
+    "DEFAULT_RETAINED_BYTES",
     "BuildContext",
     "CliCommand",
     "CodeInterpreter",
     "CommandRequest",
     "ConfigError",
+    "CursorExpiredError",
     "ErrorCode",
     "ExecError",
     "ExecResult",
@@ -118,6 +131,10 @@ __all__ = [
     "Modules",
     "OpenedWorkspace",
     "OperationError",
+    "ProcessInfo",
+    "ProcessManager",
+    "ProcessRequest",
+    "ProcessState",
     "Progress",
     "ProgressCallback",
     "ProgressReporter",
@@ -127,6 +144,9 @@ __all__ = [
     "Shell",
     "SnapshotInfo",
     "Snapshotter",
+    "StreamChunk",
+    "StreamName",
+    "TerminalSize",
     "VersionChange",
     "Versions",
     "Workspace",
