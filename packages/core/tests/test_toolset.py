@@ -10,6 +10,7 @@ import pytest
 
 import corral
 from corral import SessionRef, ToolResult, WorkspaceRegistry, WorkspaceToolset
+from corral._observe import EventStream
 from corral.testing import RecordingObserver, RecordingUsage
 
 pytestmark = pytest.mark.anyio
@@ -428,3 +429,52 @@ def test_bad_capability_config_names_the_key(
 ) -> None:
     with pytest.raises(corral.ConfigError, match=message):
         toolset(provider, plugins, caps)
+
+
+async def test_ok_calls_reach_the_log_exactly_when_debug_is_on(
+    provider: Any, plugins: corral.PluginSet, caplog: pytest.LogCaptureFixture
+) -> None:
+    # With only the log sink subscribed, an ok call builds no event while DEBUG
+    # is off (the fast path); turning DEBUG on must bring its record back at once.
+    ts = toolset(provider, plugins, {"fs": True})
+    await ts.call("workspace_write_file", {"path": "/a", "content": "x"})
+    with caplog.at_level(logging.INFO, logger="corral.tools"):
+        assert not ts.registry.observes_ok_tool_calls()
+        await ts.call("workspace_read_file", {"path": "/a"})
+        await ts.call("workspace_read_file", {"path": "/missing"})
+    assert [r.getMessage().split(" in ")[0] for r in caplog.records] == [
+        "workspace tool workspace_read_file error"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="corral.tools"):
+        assert ts.registry.observes_ok_tool_calls()
+        await ts.call("workspace_read_file", {"path": "/a"})
+    assert [r.getMessage().split(" in ")[0] for r in caplog.records] == [
+        "workspace tool workspace_read_file ok"
+    ]
+
+
+def test_an_event_stream_observes_ok_calls_unless_every_sink_ignores_them() -> None:
+    class Ignoring:
+        def __init__(self) -> None:
+            self.ignoring = True
+
+        def ignores_ok_tool_calls(self) -> bool:
+            return self.ignoring
+
+        def __call__(self, event: corral.Event) -> None:
+            pass
+
+    async def async_sink(event: corral.Event) -> None:
+        pass
+
+    quiet = Ignoring()
+    stream = EventStream([quiet])
+    assert not stream.observes_ok_tool_calls()
+    quiet.ignoring = False  # asked on every call, not once
+    assert stream.observes_ok_tool_calls()
+    quiet.ignoring = True
+    stream.subscribe(lambda event: None)  # a plain sink wants everything
+    assert stream.observes_ok_tool_calls()
+    assert EventStream([Ignoring(), Ignoring()]).observes_ok_tool_calls() is False
+    assert EventStream([Ignoring(), async_sink]).observes_ok_tool_calls()

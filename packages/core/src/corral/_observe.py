@@ -25,7 +25,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import Final, Literal, Protocol
+from typing import Final, Literal, Protocol, cast
 
 import anyio
 import attrs
@@ -290,6 +290,7 @@ class EventStream:
     ) -> None:
         self._sync: list[SyncEventSink] = []
         self._async: list[AsyncEventSink] = []
+        self._ignorers: list[Callable[[], bool]] | None = []
         self._failures: dict[str, int] = {}
         self._queue_size = queue_size
         self.sink_timeout_s = sink_timeout_s
@@ -305,11 +306,30 @@ class EventStream:
             self._async.append(sink)  # type: ignore[arg-type]  # checked by _is_async
         else:
             self._sync.append(sink)  # type: ignore[arg-type]  # checked by _is_async
+        # Decided per subscription, not per call: who may ignore ok tool calls.
+        ignorers = [getattr(s, "ignores_ok_tool_calls", None) for s in self._sync]
+        self._ignorers = (
+            None if self._async or None in ignorers else cast(list[Callable[[], bool]], ignorers)
+        )
 
     @property
     def has_async(self) -> bool:
         """Whether some sink needs the background task of :meth:`running`."""
         return bool(self._async)
+
+    def observes_ok_tool_calls(self) -> bool:
+        """Whether some sink would act on a successful :class:`ToolCallFinished`.
+
+        True unless every sink is synchronous and says it would ignore one
+        (a sink says so with a ``ignores_ok_tool_calls()`` method returning
+        True, as :class:`LogSink` does while DEBUG is off): building and
+        delivering an event per call that nobody reads was a measurable
+        share of the tool layer's overhead.
+        """
+        ignorers = self._ignorers
+        if ignorers is None:
+            return True
+        return not all(ignores() for ignores in ignorers)
 
     def emit(self, event: Event) -> None:
         """Deliver ``event`` to every sink; never raises, never waits."""
@@ -534,6 +554,10 @@ class LogSink:
     ) -> None:
         self._log = logger or logging.getLogger("corral.registry")
         self._tools = tools_logger or logging.getLogger("corral.tools")
+
+    def ignores_ok_tool_calls(self) -> bool:
+        """True while the tools logger drops DEBUG records (ok calls log at DEBUG)."""
+        return not self._tools.isEnabledFor(logging.DEBUG)
 
     def __call__(self, event: Event) -> None:
         """Log one event at the level it deserves (most are DEBUG)."""

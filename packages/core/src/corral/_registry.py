@@ -229,6 +229,7 @@ class WorkspaceRegistry:
         self._events = EventStream([LogSink(self.log), *observers])
         self._state: RegistryState = "configured"
         self._ws: Workspace | None = None
+        self._scoped: ScopedWorkspace | None = None  # get()'s view of _ws, rebuilt when _ws changes
         self._retired: list[Workspace] = []
         self._lock = anyio.Lock()
         self._error: WorkspaceFailedError | None = None
@@ -290,6 +291,10 @@ class WorkspaceRegistry:
         reports) alike.
         """
         self._events.emit(event)
+
+    def observes_ok_tool_calls(self) -> bool:
+        """Whether some observer would act on a successful tool call's event."""
+        return self._events.observes_ok_tool_calls()
 
     def _set_state(self, state: RegistryState) -> None:
         previous = self._state
@@ -383,7 +388,10 @@ class WorkspaceRegistry:
         """
         ws = self._ws
         if self._state == "open" and ws is not None:
-            return ScopedWorkspace(ws, self.modules)
+            scoped = self._scoped
+            if scoped is None or scoped.inner is not ws:
+                scoped = self._scoped = ScopedWorkspace(ws, self.modules)
+            return scoped
         async with self._lock:
             return ScopedWorkspace(await self._ensure_open(), self.modules)
 

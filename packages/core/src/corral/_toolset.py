@@ -17,7 +17,6 @@ import inspect
 import logging
 import re
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Final, Generic, Literal, Protocol, TypeVar, cast
 
@@ -42,7 +41,14 @@ from ._errors import (
     WorkspaceFailedError,
 )
 from ._mount import PathView, path_fields, paths_note, workspace_path_of
-from ._observe import CapabilityEvent, Event, EvictionRetried, ToolCallFinished, log_extra
+from ._observe import (
+    CapabilityEvent,
+    Event,
+    EvictionRetried,
+    ToolCallFinished,
+    ToolStatus,
+    log_extra,
+)
 from ._progress import ProgressCallback, reporting_progress
 from ._regex import RegexEngine, RegexModuleEngine
 from ._registry import ScopedWorkspace
@@ -107,6 +113,14 @@ class ToolHost(Protocol):
         """Publish an observation; never raises."""
         ...
 
+    def observes_ok_tool_calls(self) -> bool:
+        """Whether some observer would act on a successful call's event.
+
+        False lets the tool layer skip building an event per call that
+        nobody reads (the default log sink records ok calls at DEBUG only).
+        """
+        ...
+
     async def close(self) -> None:
         """Close the session's workspace."""
         ...
@@ -166,33 +180,39 @@ class _NoSessionControl:
         raise self._refuse()
 
 
-_VIEWS: weakref.WeakKeyDictionary[object, PathView] = weakref.WeakKeyDictionary()
-"""Path view per live workspace: its mount path is fixed for its life, and building
-``details()`` on every tool call cost more than the rest of the path handling."""
+class _ViewCache:
+    """The path view of the workspace a tool set last saw.
 
+    A workspace's mount path is fixed for its life, and building
+    ``details()`` on every call cost more than the rest of the path handling;
+    one slot (checked by identity) is all a session needs: its workspace
+    changes only at restore, branch or a re-resolve.
+    """
 
-def _path_view(ws: ScopedWorkspace) -> PathView:
-    """The workspace's path view; a provider whose ``details()`` fails keeps the plain view."""
-    inner = ws.inner
-    try:
-        return _VIEWS[inner]
-    except (KeyError, TypeError):  # TypeError: a workspace that takes no weak reference
-        pass
-    try:
-        details = ws.details()
-    except Exception:
-        log.warning("workspace details() raised; paths shown workspace-relative", exc_info=True)
-        return PathView()
-    view = PathView(workspace_path_of(details))
-    with contextlib.suppress(TypeError):
-        _VIEWS[inner] = view
-    return view
+    __slots__ = ("_view", "_ws")
+
+    def __init__(self) -> None:
+        self._ws: object = None
+        self._view = PathView()
+
+    def get(self, ws: ScopedWorkspace) -> PathView:
+        """The view of ``ws``; a provider whose ``details()`` fails keeps the plain view."""
+        inner = ws.inner
+        if inner is self._ws:
+            return self._view
+        try:
+            view = PathView(workspace_path_of(ws.details()))
+        except Exception:
+            log.warning("workspace details() raised; paths shown workspace-relative", exc_info=True)
+            view = PathView()
+        self._ws, self._view = inner, view
+        return view
 
 
 class _Env(Generic[PolicyT, ModuleT]):
     """The :class:`ToolEnv` a capability's handlers get: policy, module, session control."""
 
-    __slots__ = ("_host", "_module", "policy", "regex_engine", "session")
+    __slots__ = ("_host", "_module", "_views", "policy", "regex_engine", "session")
 
     def __init__(
         self,
@@ -201,9 +221,12 @@ class _Env(Generic[PolicyT, ModuleT]):
         module: str,
         regex_engine: RegexEngine,
         session: SessionControl,
+        *,
+        views: _ViewCache,
     ) -> None:
         self._host = host
         self._module = module
+        self._views = views
         self.policy = policy
         self.regex_engine = regex_engine
         self.session = session
@@ -215,7 +238,7 @@ class _Env(Generic[PolicyT, ModuleT]):
         return cast(ModuleT, (await self._host.get()).require(self._module))
 
     async def paths(self) -> PathView:
-        return _path_view(await self._host.get())
+        return self._views.get(await self._host.get())
 
 
 class WorkspaceToolset:
@@ -272,6 +295,7 @@ class WorkspaceToolset:
         self._tools: dict[str, Tool] = {}
         self._descriptions: dict[str, str] = {}
         self._location: tuple[str | None] | None = None
+        self._views = _ViewCache()
         for name, value in sorted(registry.config.capabilities.items()):
             if value in (False, None):
                 continue
@@ -294,7 +318,7 @@ class WorkspaceToolset:
             else _NoSessionControl(name)
         )
         env: _Env[PolicyT, ModuleT] = _Env(
-            self.registry, policy, cap.module, self.regex_engine, session
+            self.registry, policy, cap.module, self.regex_engine, session, views=self._views
         )
         for spec in cap.tools(policy):
             if not spec.name.startswith("workspace_"):
@@ -397,8 +421,10 @@ class WorkspaceToolset:
     def _bind(
         self, spec: ToolSpec[PolicyT, ModuleT], env: ToolEnv[PolicyT, ModuleT], capability: str
     ) -> Tool:
+        paths = path_fields(spec.args_type)
+
         async def invoke(arguments: object, strict: bool) -> ToolResult:
-            return await self._invoke(spec, env, capability, arguments, strict)
+            return await self._invoke(spec, env, capability, arguments, paths=paths, strict=strict)
 
         return Tool(
             spec.name,
@@ -417,6 +443,8 @@ class WorkspaceToolset:
         env: ToolEnv[PolicyT, ModuleT],
         capability: str,
         arguments: object,
+        *,
+        paths: tuple[str, ...],
         strict: bool = False,
     ) -> ToolResult:
         started = time.perf_counter()
@@ -426,11 +454,11 @@ class WorkspaceToolset:
             call = spec.prepare(arguments, strict=strict)
             # Locating may open the workspace (a lazy open can pull an image).
             with self._progress_scope():
-                located = await self._locate_paths(spec, arguments)
+                located = await self._locate_paths(paths, arguments) if paths else None
                 if located is not None:
                     call = spec.prepare(located, strict=strict)
                 output = await self._with_eviction_retry(spec.name, call, env)
-            result = ToolResult(output.text, data=output.data)
+            result = ToolResult(output.text, data=output.data, images=output.images)
         except OperationError as exc:
             result = ToolResult(exc.message, is_error=True, error_code=exc.code)
         except WorkspaceFailedError as exc:
@@ -454,25 +482,39 @@ class WorkspaceToolset:
             )
         finally:
             host = self.registry
-            host.emit(
-                ToolCallFinished(
-                    session_id=host.session_id,
-                    provider_id=host.provider_id,
-                    tool=spec.name,
-                    op=spec.op,
-                    capability=capability,
-                    status="cancelled"
-                    if result is None
-                    else ("error" if result.is_error else "ok"),
-                    duration_ms=(time.perf_counter() - started) * 1000,
-                    error_code=None if result is None else result.error_code,
-                    trace=self._trace,
-                )
+            status: ToolStatus = (
+                "cancelled" if result is None else ("error" if result.is_error else "ok")
             )
+            # Most calls are ok ones nobody but a DEBUG log would see: no event then.
+            if status != "ok" or host.observes_ok_tool_calls():
+                self._finished(spec, capability, status, started, result)
         if self._filter is not None:
             args = call.as_mapping() if call is not None else {}
             result = await self._apply_filter(spec.name, args, result)
         return result
+
+    def _finished(
+        self,
+        spec: ToolSpec[PolicyT, ModuleT],
+        capability: str,
+        status: ToolStatus,
+        started: float,
+        result: ToolResult | None,
+    ) -> None:
+        host = self.registry
+        host.emit(
+            ToolCallFinished(
+                session_id=host.session_id,
+                provider_id=host.provider_id,
+                tool=spec.name,
+                op=spec.op,
+                capability=capability,
+                status=status,
+                duration_ms=(time.perf_counter() - started) * 1000,
+                error_code=None if result is None else result.error_code,
+                trace=self._trace,
+            )
+        )
 
     def _progress_scope(self) -> contextlib.AbstractContextManager[None]:
         if self.on_progress is None:
@@ -480,7 +522,7 @@ class WorkspaceToolset:
         return reporting_progress(self.on_progress)
 
     async def _locate_paths(
-        self, spec: ToolSpec[PolicyT, ModuleT], arguments: object
+        self, fields: tuple[str, ...], arguments: object
     ) -> dict[str, object] | None:
         """The arguments with absolute paths under the mount path made workspace-relative.
 
@@ -488,15 +530,14 @@ class WorkspaceToolset:
         workspace only when some path argument is absolute (a relative one
         never depends on the mount path).
         """
-        fields = path_fields(spec.args_type)
-        if not fields or not isinstance(arguments, Mapping):
+        if not isinstance(arguments, Mapping):
             return None
         absolute = [
             f for f in fields if isinstance(v := arguments.get(f), str) and v.startswith("/")
         ]
         if not absolute:
             return None
-        view = _path_view(await self.registry.get())
+        view = self._views.get(await self.registry.get())
         if view.root == "/":
             return None  # every absolute path already is a workspace path
         changed: dict[str, object] = {}
