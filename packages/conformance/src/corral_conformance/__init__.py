@@ -24,7 +24,9 @@ if TYPE_CHECKING:
     from ._reference import ReferenceProvider
     from ._report import ConformanceReport, ResultCollector, RuleResult
     from ._rules import RULES, Rule, define, rule
+    from ._scenarios import DEEP_TREE_BUILD, deep_tree_scenario, heredoc_bypass_is_refused
     from ._suites import (
+        AbstractCodeTests,
         AbstractFsTests,
         AbstractLifecycleTests,
         AbstractProviderTests,
@@ -37,9 +39,11 @@ if TYPE_CHECKING:
     from ._target import Target
 
 __all__ = [
+    "DEEP_TREE_BUILD",
     "DEFAULT_MAX_EXAMPLES",
     "RULES",
     "SUITE_PATH",
+    "AbstractCodeTests",
     "AbstractFsTests",
     "AbstractLifecycleTests",
     "AbstractProviderTests",
@@ -60,8 +64,10 @@ __all__ = [
     "Target",
     "check_kind",
     "check_provider",
+    "deep_tree_scenario",
     "define",
     "dump_tree",
+    "heredoc_bypass_is_refused",
     "rule",
     "run_suite",
 ]
@@ -69,6 +75,9 @@ __all__ = [
 # Importing the package must stay cheap: the corral CLI loads its plugin module
 # at every start. pytest and hypothesis load on first use of a name needing them.
 _LAZY = {
+    "DEEP_TREE_BUILD": "._scenarios",
+    "deep_tree_scenario": "._scenarios",
+    "heredoc_bypass_is_refused": "._scenarios",
     "SUITE_PATH": "._check",
     "check_kind": "._check",
     "check_provider": "._check",
@@ -86,6 +95,7 @@ _LAZY = {
     "Rule": "._rules",
     "define": "._rules",
     "rule": "._rules",
+    "AbstractCodeTests": "._suites",
     "AbstractFsTests": "._suites",
     "AbstractLifecycleTests": "._suites",
     "AbstractProviderTests": "._suites",
