@@ -131,7 +131,7 @@ async def test_foreign_provider_and_versions(provider: LocalBashProvider) -> Non
             WorkspaceRef(ref.provider_id, ref.payload, ref.capabilities, version)
         )
         assert ws.fs is not None
-    bad_caps = WorkspaceRef(ref.provider_id, ref.payload, {"fs", "code"}, 2)
+    bad_caps = WorkspaceRef(ref.provider_id, ref.payload, {"fs", "script"}, 2)
     await _refused(provider, bad_caps)
     await opened.workspace.close()
 

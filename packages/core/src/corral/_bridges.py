@@ -141,6 +141,33 @@ def _text(result: ToolResult) -> str:
     return f"error: {result.content}" if result.is_error else result.content
 
 
+def _responses_output(result: ToolResult) -> str | list[Any]:
+    """Text alone, or text then ``input_image`` parts when the result carries images."""
+    if not result.images:
+        return _text(result)
+    parts: list[Any] = [{"type": "input_text", "text": _text(result)}]
+    parts += [
+        {"type": "input_image", "image_url": f"data:{image.mime_type};base64,{image.data}"}
+        for image in result.images
+    ]
+    return parts
+
+
+def _anthropic_content(result: ToolResult) -> str | list[Any]:
+    """Text alone, or a text block then base64 ``image`` blocks when the result carries images."""
+    if not result.images:
+        return result.content
+    blocks: list[Any] = [{"type": "text", "text": result.content}]
+    blocks += [
+        {
+            "type": "image",
+            "source": {"type": "base64", "media_type": image.mime_type, "data": image.data},
+        }
+        for image in result.images
+    ]
+    return blocks
+
+
 async def openai_tool_messages(
     tools: ToolCaller, assistant_message: Any
 ) -> list[OpenAIToolMessage]:
@@ -148,7 +175,10 @@ async def openai_tool_messages(
 
     Returns one ``{"role": "tool", "tool_call_id": ..., "content": ...}``
     message per call, in order, ready to append to ``messages``. A failed
-    call's content starts with ``error:`` so the model can tell.
+    call's content starts with ``error:`` so the model can tell. Chat
+    Completions tool messages hold text only: a result's images
+    (``ToolResult.images``) are not sent here; use the Responses or
+    Anthropic bridge, which attach them as image parts.
     """
     message = _plain(assistant_message)
     calls: Sequence[Any] = (
@@ -283,7 +313,7 @@ async def openai_responses_tool_outputs(
             {
                 "type": "function_call_output",
                 "call_id": call_id if isinstance(call_id, str) else "",
-                "output": _text(result),
+                "output": _responses_output(result),
             }
         )
     return out
@@ -368,7 +398,7 @@ async def anthropic_tool_results(
             {
                 "type": "tool_result",
                 "tool_use_id": tool_use_id if isinstance(tool_use_id, str) else "",
-                "content": result.content,
+                "content": _anthropic_content(result),
                 "is_error": result.is_error,
             }
         )

@@ -8,6 +8,9 @@ from typing import Any, Literal
 import attrs
 
 __all__ = [
+    "CodeContextInfo",
+    "CodeOutput",
+    "CodeState",
     "CommandRequest",
     "ExecError",
     "ExecResult",
@@ -25,6 +28,8 @@ __all__ = [
 ]
 
 FileType = Literal["file", "dir", "symlink", "other"]
+CodeState = Literal["kept", "lost", "fresh"]
+"""What a code run left of its interpreter's state (see :attr:`ExecResult.state`)."""
 
 
 def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -34,6 +39,10 @@ def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
 def names(value: Iterable[str]) -> frozenset[str]:
     """A typed frozenset converter for attrs fields (mypy types ``frozenset`` loosely)."""
     return frozenset(value)
+
+
+def _code_outputs(value: Iterable[CodeOutput]) -> tuple[CodeOutput, ...]:
+    return tuple(value)
 
 
 def _optional_names(value: Iterable[str] | None) -> frozenset[str] | None:
@@ -169,7 +178,8 @@ class CommandRequest:
     shells enforce every field (posix-core's ShellGuard does so for the
     POSIX providers). ``stdin`` is delivered exactly (None: empty stdin, EOF
     at once); up to 64 KiB must be accepted, more may be refused with
-    ``invalid_argument`` or ``too_large`` but never silently cut. ``cwd`` is
+    ``invalid_argument`` or ``too_large`` but never silently cut; text that
+    stands for no bytes (a lone surrogate) is ``invalid_argument``. ``cwd`` is
     an agent path (relative to the root when relative); outside the
     workspace or missing is an ``OperationError``.
     """
@@ -200,6 +210,46 @@ class ExecError:
 
 
 @attrs.frozen
+class CodeOutput:
+    """One rich output of a code run, as a MIME bundle (Jupyter's ``data`` dict).
+
+    Attributes:
+        kind: ``result`` for the value of the last expression, ``display``
+            for what the code showed (``display(obj)``, a matplotlib figure).
+        data: MIME type -> content. Text types (``text/plain``,
+            ``text/html``, ``text/markdown``, ``image/svg+xml``) as text;
+            ``application/json`` as JSON text; binary types (``image/png``,
+            ``image/jpeg``) base64-encoded. ``text/plain`` is always there for
+            a ``result``.
+    """
+
+    kind: Literal["result", "display"]
+    data: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_mapping)
+
+
+@attrs.frozen
+class CodeContextInfo:
+    """One stateful code context, as :meth:`corral.provider.CodeContexts.list_contexts` shows it.
+
+    Attributes:
+        context_id: Its id.
+        language: Its language.
+        cwd: The working directory it was created with (agent path; None: the root).
+        created_at: When it started, seconds since the Unix epoch.
+        status: ``idle``, ``busy`` (running a cell) or ``lost`` (its
+            interpreter died; ``lost_reason`` says why).
+        lost_reason: Why it was lost, in one line that never repeats output.
+    """
+
+    context_id: str
+    language: str
+    cwd: str | None = None
+    created_at: float = 0.0
+    status: Literal["idle", "busy", "lost"] = "idle"
+    lost_reason: str | None = None
+
+
+@attrs.frozen
 class ExecResult:
     """The outcome of a command or code run.
 
@@ -212,6 +262,18 @@ class ExecResult:
     wall time in milliseconds. Code runners also report the value the code
     returned as JSON text (``result_json``; None when it returned nothing)
     and an uncaught error (``error``); a shell leaves both None.
+
+    A code interpreter also reports, like a notebook cell, its rich outputs
+    (``outputs``, in the order they happened: what the code displayed, the
+    last expression's value as a ``result`` bundle, then figures still open
+    at the end of the run (matplotlib); ``outputs_truncated`` when some were
+    dropped for size) and what became of its state (``state``): ``kept`` --
+    the context holds everything from before plus this run's effects (also
+    after an error, or a timeout the interpreter honoured by interrupting);
+    ``lost`` -- the interpreter died during the run (killed after ignoring an
+    interrupt, out of memory, crashed): every variable is gone and the
+    context answers ``lost`` from now on; ``fresh`` -- the run used a
+    throwaway interpreter (``run_code``). A shell leaves ``state`` None.
     """
 
     exit_code: int | None
@@ -224,6 +286,9 @@ class ExecResult:
     timed_out: bool = False
     result_json: str | None = None
     error: ExecError | None = None
+    outputs: tuple[CodeOutput, ...] = attrs.field(default=(), converter=_code_outputs)
+    state: CodeState | None = None
+    outputs_truncated: bool = False
 
 
 @attrs.frozen

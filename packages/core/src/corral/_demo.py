@@ -65,11 +65,17 @@ async def run_agent(
             return "completed"
         results = []
         for call in answer:
-            echo(f"→ {call.name} {json.dumps(call.arguments, ensure_ascii=False)}")
+            shown_args = json.dumps(call.arguments, ensure_ascii=False)
+            if len(shown_args) > 300:
+                shown_args = shown_args[:300] + " …"
+            echo(f"→ {call.name} {shown_args}")
             result: ToolResult = await call_tool(call.name, call.arguments)
             shown = result.content if len(result.content) <= 400 else result.content[:400] + " …"
             marker = "✗" if result.is_error else "←"
             echo("  " + f"{marker} " + shown.replace("\n", "\n    "))
+            for image in result.images:
+                size = len(image.data) * 3 // 4
+                echo(f"  ← [{image.mime_type}, {size} bytes: reaches the model as image content]")
             results.append(result)
     return "max_steps"
 
@@ -85,8 +91,41 @@ def _restore_last_snapshot(history: list[ToolResult]) -> list[ToolCall]:
     return [ToolCall("t-restore", "workspace_restore", {"snapshot_id": snapshot_id})]
 
 
-def demo_script(with_shell: bool) -> list[Turn]:
-    """The demo's turns: write, read, edit, list, grep, snapshot, change, restore, read."""
+# Draws with matplotlib when the box's python3 has it; otherwise says so and
+# draws a small gradient with the standard library, so the image still arrives.
+PLOT_CELL = """\
+try:
+    import matplotlib.pyplot as plt
+except ImportError:
+    import struct, zlib
+
+    def chunk(kind, data):
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    class Gradient:
+        def _repr_png_(self):
+            pixels = (bytes(v for x in range(32) for v in (x * 8, y * 8, 160)) for y in range(32))
+            rows = b"".join(b"\\0" + row for row in pixels)
+            header = struct.pack(">IIBBBBB", 32, 32, 8, 2, 0, 0, 0)
+            return (b"\\x89PNG\\r\\n\\x1a\\n" + chunk(b"IHDR", header)
+                    + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+    print("matplotlib is not installed for this python3: a stdlib gradient instead")
+    display(Gradient())
+else:
+    xs = list(range(10))
+    plt.plot(xs, [x * x for x in xs], marker="o")
+    plt.title("squares")
+sum(x * x for x in range(10))
+"""
+
+
+def demo_script(with_shell: bool, with_code: bool = False) -> list[Turn]:
+    """The demo's turns: write, read, edit, list, grep, snapshot, change, restore, read.
+
+    With ``code``, a last cell draws a plot whose PNG reaches the model as an image.
+    """
     turns: list[Turn] = [
         _one("workspace_write_file", path="/poem.txt", content="roses are red\nviolets are blue\n"),
         _one("workspace_read_file", path="/poem.txt"),
@@ -106,6 +145,8 @@ def demo_script(with_shell: bool) -> list[Turn]:
     ]
     if with_shell:
         turns.append(_one("workspace_run", command="wc -l poem.txt"))
+    if with_code:
+        turns.append(_one("workspace_run_code", language="python", code=PLOT_CELL))
     turns.append(lambda _h: "The poem is written, edited, and safe.")
     return turns
 
@@ -116,9 +157,14 @@ async def run_demo(kind: str, plugins: PluginSet, *, echo: Callable[[str], None]
     capabilities: dict[str, Any] = {"fs": True, "snapshot": True}
     if "shell" in spec.capabilities:
         capabilities["shell"] = True
+    if "code" in spec.capabilities:
+        capabilities["code"] = True
     echo(f"provider: {kind} (capabilities: {', '.join(sorted(capabilities))})")
     async with open_workspace(kind, capabilities, session_id="demo", plugins=plugins) as ws:
-        llm = ScriptedLLM(demo_script(with_shell="shell" in capabilities))
+        with_code = "code" in capabilities and "python" in (await ws.workspace()).details().get(
+            "code_languages", ["python"]
+        )
+        llm = ScriptedLLM(demo_script("shell" in capabilities, with_code))
         status = await run_agent(llm, ws.call, echo=echo)
     echo(f"agent finished: {status}")
     return 0 if status == "completed" else 1

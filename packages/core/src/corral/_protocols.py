@@ -49,12 +49,13 @@ FileSystem:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import attrs
 
 from ._data import (
+    CodeContextInfo,
     CommandRequest,
     ExecResult,
     FileEntry,
@@ -70,6 +71,7 @@ from ._data import (
 from ._regex import Matcher
 
 __all__ = [
+    "CodeContexts",
     "CodeInterpreter",
     "FileSystem",
     "OpenedWorkspace",
@@ -149,7 +151,29 @@ class Shell(Protocol):
 
 @runtime_checkable
 class CodeInterpreter(Protocol):
-    """Runs code snippets, optionally in stateful contexts."""
+    """Runs code snippets, optionally in stateful contexts.
+
+    The contract every implementation keeps (``corral-conformance`` checks it):
+
+    - ``languages`` are the languages this workspace really has (an
+      interpreter found in the box, not a wish); asking for another one is an
+      ``OperationError(code="invalid_argument")`` naming the available ones.
+    - Errors of the code are results, not exceptions: ``ExecResult.error``
+      carries name, value and traceback; ``exit_code`` is 0 without an error
+      and 1 with one (a ``bash`` cell: the status of its last command, as a
+      shell reports it, with a non-zero status as ``error``).
+    - On timeout the interpreter is interrupted first (SIGINT in Python:
+      ``KeyboardInterrupt``); if it honours that, the result has
+      ``timed_out=True`` and ``state="kept"``. If it does not within a short
+      grace, the interpreter is killed and the result says ``state="lost"``.
+    - A context whose interpreter died (killed, out of memory, crashed, or
+      left behind by a process that ended) is never silently replaced: every
+      later call on it raises ``OperationError(code="lost")`` with the reason,
+      until it is deleted (or restarted, see :class:`CodeContexts`).
+    - One execution per context at a time: a second call waits, bounded,
+      then raises ``OperationError(code="busy")``.
+    - An unknown context id is ``OperationError(code="not_found")``.
+    """
 
     @property
     def languages(self) -> frozenset[str]:
@@ -157,7 +181,7 @@ class CodeInterpreter(Protocol):
         ...
 
     async def run_code(self, language: str, code: str, *, timeout_s: float) -> ExecResult:
-        """Run a snippet in a fresh interpreter."""
+        """Run a snippet in a fresh interpreter (``state="fresh"``: nothing is kept)."""
         ...
 
     async def create_context(self, language: str) -> str:
@@ -165,11 +189,62 @@ class CodeInterpreter(Protocol):
         ...
 
     async def run_in_context(self, context_id: str, code: str, *, timeout_s: float) -> ExecResult:
-        """Run a snippet in an existing context."""
+        """Run a snippet in an existing context; its variables persist between runs."""
         ...
 
     async def delete_context(self, context_id: str) -> None:
-        """Discard a context."""
+        """Discard a context (a lost one too), killing its interpreter and all it started."""
+        ...
+
+
+@runtime_checkable
+class CodeContexts(CodeInterpreter, Protocol):
+    """A :class:`CodeInterpreter` whose contexts can also be listed, restarted and interrupted.
+
+    The POSIX providers' ``code`` module is one; the tools need only
+    :class:`CodeInterpreter`, library callers check for this with
+    ``isinstance``.
+    """
+
+    async def create_context(self, language: str, *, cwd: str | None = None) -> str:
+        """Start a context whose working directory is ``cwd`` (agent path; default the root).
+
+        Raises:
+            OperationError: ``invalid_argument`` for a language the workspace
+                lacks (the message lists the available ones); ``not_found`` /
+                ``not_a_directory`` / ``invalid_path`` for the cwd.
+        """
+        ...
+
+    async def list_contexts(self) -> Sequence[CodeContextInfo]:
+        """The contexts this workspace knows, oldest first, lost ones included."""
+        ...
+
+    async def restart_context(self, context_id: str) -> None:
+        """Replace the context's interpreter with a new one (all state is dropped).
+
+        The only way a lost context comes back, and an explicit one: the
+        caller asked for the state to go.
+        """
+        ...
+
+    async def interrupt_context(self, context_id: str) -> bool:
+        """Interrupt the cell running in the context; False when none was running."""
+        ...
+
+    async def run_in_context(
+        self,
+        context_id: str,
+        code: str,
+        *,
+        timeout_s: float,
+        on_output: Callable[[str, str], object] | None = None,
+    ) -> ExecResult:
+        """Run a cell; ``on_output(stream, text)`` sees stdout/stderr as it arrives.
+
+        The result still holds all of it (capped): the callback is for a
+        caller that shows progress, not a second channel.
+        """
         ...
 
 

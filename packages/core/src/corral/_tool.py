@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Generic, NamedTuple, Protocol, TypeVar
 
 import attrs
@@ -33,9 +33,11 @@ __all__ = [
     "PreparedCall",
     "SessionControl",
     "Tool",
+    "ToolContent",
     "ToolEnv",
     "ToolHandler",
     "ToolHints",
+    "ToolImage",
     "ToolOutput",
     "ToolRenderer",
     "ToolResult",
@@ -57,9 +59,45 @@ _ENCODER: Final = json.JSONEncoder(ensure_ascii=False, default=str)
 
 def render_json(data: object) -> str:
     """The default renderer: text as it is, anything else as compact JSON."""
+    if isinstance(data, ToolContent):
+        data = data.data
     if isinstance(data, str):
         return data
     return _ENCODER.encode(data)
+
+
+@attrs.frozen
+class ToolImage:
+    """An image a tool shows the model (a plotted figure), kept out of the text.
+
+    Exporters give it to the model as an image (MCP image content, an
+    Anthropic image block, an OpenAI Responses image part) instead of pasting
+    base64 into the text, which models read as noise and which costs tokens.
+
+    Attributes:
+        mime_type: ``image/png`` or ``image/jpeg``.
+        data: The image, base64-encoded.
+    """
+
+    mime_type: str
+    data: str
+
+
+def _images(value: Iterable[ToolImage]) -> tuple[ToolImage, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class ToolContent:
+    """A handler's result with images beside its data (return it from a handler).
+
+    Attributes:
+        data: The JSON-compatible result (what ``ToolResult.data`` becomes).
+        images: Images for the model, in order.
+    """
+
+    data: object
+    images: tuple[ToolImage, ...] = attrs.field(default=(), converter=_images)
 
 
 @attrs.frozen
@@ -73,12 +111,15 @@ class ToolResult:
             ``Any`` on purpose: it is decoded-JSON-shaped data that callers
             index freely, like the result of ``json.loads``.
         error_code: Stable classification of a failure (``not_found``...).
+        images: Images the result shows besides its text (a code cell's
+            plots); ``content`` mentions each, exporters attach them.
     """
 
     content: str
     is_error: bool = False
     data: Any = None
     error_code: str | None = None
+    images: tuple[ToolImage, ...] = attrs.field(default=(), converter=_images)
 
 
 @attrs.frozen(kw_only=True)
@@ -181,12 +222,14 @@ class ToolOutput(NamedTuple):
     """A handler's result and its rendering, before the toolset wraps it.
 
     Attributes:
-        data: What the handler returned.
+        data: What the handler returned (a :class:`ToolContent`'s data).
         text: What the tool's renderer made of it.
+        images: A :class:`ToolContent`'s images.
     """
 
     data: object
     text: str
+    images: tuple[ToolImage, ...] = ()
 
 
 class PreparedCall(NamedTuple, Generic[PolicyT, ModuleT]):
@@ -284,6 +327,8 @@ class ToolSpec(Generic[PolicyT, ModuleT]):
 
             async def run(env: ToolEnv[PolicyT, ModuleT]) -> ToolOutput:
                 data = await handler(env, parsed)
+                if isinstance(data, ToolContent):
+                    return ToolOutput(data.data, renderer(data), data.images)
                 return ToolOutput(data, renderer(data))
 
             return PreparedCall(parsed, lambda: compiled.as_mapping(parsed), run)

@@ -68,7 +68,7 @@ def to_mcp_tool(tool: Tool) -> types.Tool:
 
 
 def to_call_result(result: ToolResult) -> types.CallToolResult:
-    """An MCP tool result: the text content, plus ``data`` as structured content.
+    """An MCP tool result: the text content and images, plus ``data`` as structured content.
 
     MCP's ``structuredContent`` must be a JSON object, so a result whose data
     is a list or a scalar travels as ``{"result": data}``. Errors carry only the
@@ -76,6 +76,10 @@ def to_call_result(result: ToolResult) -> types.CallToolResult:
     so a client can branch on it without parsing the text.
     """
     content: list[types.ContentBlock] = [types.TextContent(type="text", text=result.content)]
+    content += [
+        types.ImageContent(type="image", data=image.data, mime_type=image.mime_type)
+        for image in result.images
+    ]
     if result.is_error:
         meta = {"corral/error_code": result.error_code} if result.error_code else None
         return types.CallToolResult(content=content, is_error=True, _meta=meta)
