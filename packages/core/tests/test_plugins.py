@@ -133,7 +133,7 @@ async def test_default_capabilities_are_what_the_provider_supports() -> None:
 
 def test_builtin_capabilities_come_through_the_hook() -> None:
     plugins = corral.load_plugins(entrypoints=False)
-    assert set(plugins.capabilities) == {"fs", "shell", "code", "script", "snapshot"}
+    assert set(plugins.capabilities) == {"fs", "shell", "code", "script", "snapshot", "process"}
     assert plugins.manager.get_plugin("corral.builtin") is not None
 
 

@@ -23,6 +23,7 @@ ALL_CAPS: dict[str, Any] = {
     "code": {"languages": ["python"], "is_stateful": True},
     "script": True,
     "snapshot": True,
+    "process": True,
 }
 
 
@@ -160,6 +161,9 @@ def test_every_builtin_tool_declares_hints_and_a_result_schema(spec: Any) -> Non
         "workspace_read_file_at_snapshot",
         "workspace_changes_since_snapshot",
         "workspace_script",
+        "workspace_read_process_output",
+        "workspace_list_processes",
+        "workspace_terminal_screen",
     }
     assert hints.read_only == (spec.name in reads)
     if spec.name in {"workspace_rm", "workspace_write_file", "workspace_restore"}:

@@ -7,7 +7,15 @@ from collections.abc import Callable
 from ._capabilities import AnyCapability, Capability
 from ._exec_tools import code_tools, script_tools, shell_tools
 from ._fs_tools import fs_tools
-from ._policies import CodePolicy, FsPolicy, ScriptPolicy, ShellPolicy, SnapshotPolicy
+from ._policies import (
+    CodePolicy,
+    FsPolicy,
+    ProcessPolicy,
+    ScriptPolicy,
+    ShellPolicy,
+    SnapshotPolicy,
+)
+from ._process_tools import process_tools
 from ._snapshot_tools import snapshot_tools
 from .hookspecs import hookimpl
 
@@ -26,7 +34,14 @@ SNAPSHOT = Capability(
     controls_session=True,
 )
 
-BUILTIN_CAPABILITIES: tuple[AnyCapability, ...] = (FS, SHELL, CODE, SCRIPT, SNAPSHOT)
+PROCESS = Capability(
+    "process",
+    ProcessPolicy,
+    process_tools,
+    summary="background processes and terminals, output read by byte cursor",
+)
+
+BUILTIN_CAPABILITIES: tuple[AnyCapability, ...] = (FS, SHELL, CODE, SCRIPT, SNAPSHOT, PROCESS)
 
 
 class BuiltinCapabilities:
@@ -34,6 +49,6 @@ class BuiltinCapabilities:
 
     @hookimpl
     def corral_register_capabilities(self, register: Callable[[AnyCapability], None]) -> None:
-        """Register fs, shell, code, script and snapshot."""
+        """Register fs, shell, code, script, snapshot and process."""
         for capability in BUILTIN_CAPABILITIES:
             register(capability)

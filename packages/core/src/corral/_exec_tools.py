@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Sequence
 from typing import Annotated, Final
 
 import attrs
@@ -16,9 +17,17 @@ from ._errors import OperationError
 from ._policies import CodePolicy, ScriptPolicy, ShellPolicy
 from ._protocols import CodeInterpreter, Shell
 from ._schema import Arg
-from ._tool import ToolEnv, ToolHints, ToolSpec
+from ._tool import ToolContent, ToolEnv, ToolHints, ToolImage, ToolSpec
 
-__all__ = ["code_tools", "exec_data", "script_tools", "shell_tools"]
+__all__ = [
+    "code_content",
+    "code_tools",
+    "env_name_ok",
+    "exec_data",
+    "precheck_allowlist",
+    "script_tools",
+    "shell_tools",
+]
 
 _ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 MAX_COMMAND_CHARS: Final = 100_000
@@ -47,14 +56,46 @@ def exec_data(result: ExecResult) -> Data:
 
 
 def _code_outcome(result: ExecResult) -> Data:
-    """A code runner's returned value and uncaught error, only when it reported them."""
+    """A code runner's value, error, rich outputs and state, only when it reported them."""
     out: Data = {}
     if result.result_json is not None:
         out["result"] = json.loads(result.result_json)
     if result.error is not None:
         error = result.error
         out["error"] = {"name": error.name, "value": error.value, "traceback": error.traceback}
+    if result.outputs:
+        out["outputs"] = [{"kind": o.kind, "data": dict(o.data)} for o in result.outputs]
+    if result.outputs_truncated:
+        out["outputs_truncated"] = True
+    if result.state is not None:
+        out["state"] = result.state
     return out
+
+
+# Image types the model APIs take as images; others (SVG) stay text in the data.
+_IMAGE_TYPES: Final = ("image/png", "image/jpeg")
+
+
+def code_content(result: ExecResult) -> ToolContent:
+    """A code run for the model: :func:`exec_data` with images lifted out as image content.
+
+    Each image in ``outputs`` is replaced in the data by a short note naming
+    its position among the result's images, so the text stays small and the
+    image reaches the model as an image.
+    """
+    data = exec_data(result)
+    images: list[ToolImage] = []
+    outputs = data.get("outputs")
+    if isinstance(outputs, list):
+        for output in outputs:
+            bundle = output["data"]
+            for mime in _IMAGE_TYPES:
+                encoded = bundle.get(mime)
+                if isinstance(encoded, str):
+                    images.append(ToolImage(mime, encoded))
+                    size = len(encoded) * 3 // 4
+                    bundle[mime] = f"<image {len(images)} attached: {mime}, about {size} bytes>"
+    return ToolContent(data, images)
 
 
 # -- shell ------------------------------------------------------------------------
@@ -81,9 +122,20 @@ class RunArgs:
     stdin: Annotated[str | None, Arg("Text fed to standard input", max_length=10_000_000)] = None
 
 
+def env_name_ok(name: str) -> bool:
+    """Whether ``name`` may name an environment variable a tool sets."""
+    return _ENV_NAME.match(name) is not None
+
+
 def _precheck_allowlist(command: str, policy: ShellPolicy) -> None:
-    """Tool-layer allowlist check; the shell's guard checks again, more deeply."""
-    if policy.allowed_commands is None or policy.allow_shell_syntax:
+    precheck_allowlist(command, policy.allowed_commands, policy.allow_shell_syntax)
+
+
+def precheck_allowlist(
+    command: str, allowed_commands: Sequence[str] | None, allow_shell_syntax: bool
+) -> None:
+    """Tool-layer allowlist check; the module's guard checks again, more deeply."""
+    if allowed_commands is None or allow_shell_syntax:
         return
     try:
         argv = shlex.split(command)
@@ -92,7 +144,7 @@ def _precheck_allowlist(command: str, policy: ShellPolicy) -> None:
     if not argv:
         raise OperationError("command is empty", code="invalid_argument")
     program = argv[0]
-    if "/" in program or program not in policy.allowed_commands:
+    if "/" in program or program not in allowed_commands:
         raise OperationError(
             f"command {echo_if_short(program)!r} is not in the allowed commands",
             code="policy_denied",
@@ -202,11 +254,11 @@ def _check_language(language: str, allowed: tuple[str, ...]) -> None:
         )
 
 
-async def _run_code(env: CodeEnv, args: RunCodeArgs) -> Data:
+async def _run_code(env: CodeEnv, args: RunCodeArgs) -> ToolContent:
     policy = env.policy
     _check_language(args.language, policy.languages)
     code = await env.module()
-    return exec_data(await code.run_code(args.language, args.code, timeout_s=policy.timeout_s))
+    return code_content(await code.run_code(args.language, args.code, timeout_s=policy.timeout_s))
 
 
 async def _create_context(env: CodeEnv, args: CreateContextArgs) -> Data:
@@ -215,9 +267,9 @@ async def _create_context(env: CodeEnv, args: CreateContextArgs) -> Data:
     return {"context_id": await code.create_context(args.language)}
 
 
-async def _run_in_context(env: CodeEnv, args: RunInContextArgs) -> Data:
+async def _run_in_context(env: CodeEnv, args: RunInContextArgs) -> ToolContent:
     code = await env.module()
-    return exec_data(
+    return code_content(
         await code.run_in_context(args.context_id, args.code, timeout_s=env.policy.timeout_s)
     )
 
@@ -235,7 +287,9 @@ def code_tools(policy: CodePolicy) -> list[ToolSpec[CodePolicy, CodeInterpreter]
         ToolSpec(
             "workspace_run_code",
             f"Run a code snippet in a fresh interpreter ({', '.join(policy.languages)}); "
-            "returns exit code, stdout and stderr.",
+            "returns exit code, stdout and stderr, the last expression's value ('result', "
+            "and its rich forms in 'outputs'), displayed outputs and plots (images come "
+            "attached), and an uncaught error with name, value and traceback.",
             RunCodeArgs,
             _run_code,
             hints=meta.RUNS,
@@ -256,7 +310,10 @@ def code_tools(policy: CodePolicy) -> list[ToolSpec[CodePolicy, CodeInterpreter]
             ),
             ToolSpec(
                 "workspace_run_in_code_context",
-                "Run code in an existing context created by workspace_create_code_context.",
+                "Run code in an existing context created by workspace_create_code_context; "
+                "its variables persist. Same result as workspace_run_code; 'state' says "
+                "whether the context kept its variables ('kept') or its interpreter died "
+                "('lost': create a new context).",
                 RunInContextArgs,
                 _run_in_context,
                 hints=meta.RUNS,

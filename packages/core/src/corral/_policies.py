@@ -20,6 +20,7 @@ __all__ = [
     "CodePolicy",
     "FsPolicy",
     "OptionTypeError",
+    "ProcessPolicy",
     "ScriptPolicy",
     "ShellPolicy",
     "SnapshotPolicy",
@@ -285,3 +286,53 @@ class SnapshotPolicy:
     """
 
     max_snapshots: int = attrs.field(default=50, validator=_count)
+
+
+@attrs.frozen(kw_only=True)
+class ProcessPolicy:
+    """``capabilities.process``: background processes and terminals the model drives.
+
+    A process outlives the tool call that started it, so its limits are
+    per workspace (how many run at once) and per stream (how much output is
+    kept), not only per call.
+
+    Attributes:
+        allowed_commands: Program names the model may start (None: any).
+            A terminal's shell runs whatever is typed into it: allow a shell
+            here (or ``terminal``) only when that is acceptable.
+        allow_shell_syntax: As for ``shell``; the provider's default applies
+            (``ProviderSpec.policy_defaults``) when the config does not say.
+        max_processes: Processes that may run at once in one workspace
+            (terminals included); ended ones do not count.
+        retained_bytes: Bytes of each output stream kept for readers (at
+            most this many, at least the most recent half); older output
+            expires (a read from before it is ``cursor_expired``).
+        timeout_s: Default lifetime of a process: it is killed, with its
+            whole tree, after this many seconds.
+        max_timeout_s: The longest lifetime the model may ask for.
+        max_wait_s: The longest a read may wait for new output.
+        max_read_bytes: Largest read (and default read size) of one call (at least 4).
+        terminal: Offer the terminal tools (a pseudo-terminal the model
+            types into and whose rendered screen it reads).
+        env: Extra environment variables every process gets.
+    """
+
+    allowed_commands: tuple[str, ...] | None = attrs.field(
+        default=None, converter=_allowed_commands
+    )
+    allow_shell_syntax: bool = attrs.field(default=False, validator=_flag)
+    max_processes: int = attrs.field(default=8, validator=_count)
+    retained_bytes: int = attrs.field(default=8 << 20, validator=_count)
+    timeout_s: float = attrs.field(default=3600.0, validator=_positive)
+    max_timeout_s: float = attrs.field(default=86400.0, validator=_positive)
+    max_wait_s: float = attrs.field(default=30.0, validator=_positive)
+    max_read_bytes: int = attrs.field(default=65536, validator=_count)
+    terminal: bool = attrs.field(default=True, validator=_flag)
+    env: Mapping[str, str] = attrs.field(factory=dict, converter=_str_map)
+
+    def __attrs_post_init__(self) -> None:
+        if self.timeout_s > self.max_timeout_s:
+            raise ValueError("timeout_s must not exceed max_timeout_s")
+        if self.max_read_bytes < 4:
+            # A read must be able to carry one whole UTF-8 character (see _process_tools).
+            raise ValueError("max_read_bytes must be at least 4")

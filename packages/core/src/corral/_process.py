@@ -94,7 +94,10 @@ class ProcessRequest:
         terminal: Run under a pseudo-terminal of this size (None: pipes).
         timeout_s: Kill the process tree after this many seconds (None: no
             limit but the workspace's life).
-        retained_bytes: Bytes of each output stream kept for readers.
+        retained_bytes: Bytes of each output stream kept for readers: at
+            most this many (a flood of output cannot grow past it) and at
+            least the most recent half of them (room for keeping output in
+            pieces that expire whole).
         allowed_commands: As for :class:`corral.provider.CommandRequest`.
         allow_shell_syntax: As for :class:`corral.provider.CommandRequest`.
     """

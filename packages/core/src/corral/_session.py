@@ -8,18 +8,27 @@ import os
 import secrets
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from ._bridges import AnthropicTool, OpenAIResponsesTool, OpenAITool
-from ._data import ProviderConfig, SessionRef, WorkspaceConfig, WorkspaceRef
-from ._errors import ConfigError, WorkspaceError
+from ._data import ExecResult, ProviderConfig, SessionRef, WorkspaceConfig, WorkspaceRef
+from ._errors import ConfigError, OperationError, WorkspaceError
 from ._mount import workspace_path_of
 from ._observe import EventSink, MetricsSink, UsageRecorder, UsageSink, WorkspaceMetrics
 from ._plugins import BLOCK_ENV, PluginSet, load_plugins
+from ._policies import ProcessPolicy
+from ._process import ProcessManager
 from ._progress import ProgressCallback, reporting_progress
 from ._protocols import WorkspaceProvider
 from ._regex import RegexEngine
 from ._registry import PersistRef, ScopedWorkspace, WorkspaceRegistry
+from ._streaming import (
+    CommandStream,
+    OutputCallback,
+    code_command,
+    run_with_callback,
+    stream_request,
+)
 from ._tool import Tool, ToolResult
 from ._toolset import ResultFilter, WorkspaceToolset
 
@@ -130,6 +139,96 @@ class WorkspaceSession:
             return await self.registry.get()
         with reporting_progress(self.toolset.on_progress):
             return await self.registry.get()
+
+    async def stream(
+        self,
+        command: str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        max_output_bytes: int = 1_000_000,
+    ) -> CommandStream:
+        """Run a command and see its output as it is produced.
+
+        ``async with await session.stream("make") as run: async for chunk in
+        run: ...``, then ``run.result``. The command runs on the workspace's
+        ``process`` module under the session's ``process`` policy (allowed
+        commands, shell syntax, environment, timeout); leaving the block
+        early kills it. See :class:`corral.CommandStream`.
+
+        Args:
+            command: The command line, as for ``workspace_run``.
+            cwd: Working directory in the workspace (default: its root).
+            env: Extra environment variables.
+            timeout_s: Kill it after this many seconds (default and ceiling:
+                the policy's).
+            max_output_bytes: Bytes of each stream kept in ``run.result``.
+
+        Raises:
+            OperationError: ``unsupported`` when the session did not declare
+                ``process`` (or its provider has no process module);
+                ``invalid_argument`` for a timeout beyond the policy's.
+        """
+        policy = self.toolset.policies.get("process")
+        if not isinstance(policy, ProcessPolicy):
+            raise OperationError(
+                "streaming output needs the 'process' capability: declare it in the "
+                "capabilities (providers with a process module: local-bash, local-sandbox, "
+                "docker)",
+                code="unsupported",
+            )
+        request = stream_request(command, policy, cwd=cwd, env=env, timeout_s=timeout_s)
+        workspace = await self.workspace()
+        manager = workspace.module("process")
+        if manager is None:
+            raise OperationError("this workspace has no process module", code="unsupported")
+        return CommandStream(
+            cast(ProcessManager, manager), request, max_output_bytes=max_output_bytes
+        )
+
+    async def run_streaming(
+        self,
+        command: str,
+        on_output: OutputCallback | None = None,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        max_output_bytes: int = 1_000_000,
+    ) -> ExecResult:
+        """Run a command to its end, calling ``on_output`` with each chunk as it arrives.
+
+        The same as :meth:`stream` (same arguments, same errors), for callers
+        that prefer a callback; returns the command's :class:`ExecResult`.
+        """
+        run = await self.stream(
+            command, cwd=cwd, env=env, timeout_s=timeout_s, max_output_bytes=max_output_bytes
+        )
+        return await run_with_callback(run, on_output)
+
+    async def stream_code(
+        self,
+        code: str,
+        *,
+        language: str = "python",
+        timeout_s: float | None = None,
+        max_output_bytes: int = 1_000_000,
+    ) -> CommandStream:
+        """Run a snippet in a fresh interpreter and see its output as it is produced.
+
+        The streaming twin of ``workspace_run_code``: the snippet runs as a
+        process (``python3 -u -c CODE``, see ``CODE_COMMANDS``) under the
+        session's ``process`` policy, so its allowed commands must let the
+        interpreter run. Use it as :meth:`stream`'s result is used.
+
+        Raises:
+            OperationError: ``unsupported`` for a language without a streamed
+                runner, or as :meth:`stream`.
+        """
+        return await self.stream(
+            code_command(language, code), timeout_s=timeout_s, max_output_bytes=max_output_bytes
+        )
 
     def openai_tools(self, *, strict: bool = False) -> list[OpenAITool]:
         """OpenAI Chat Completions function specs of the tools.

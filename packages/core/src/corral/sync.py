@@ -18,18 +18,19 @@ several threads at once: each call is handed to the loop thread-safely.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Generic, Literal, TypeVar
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from ._bridges import AnthropicTool, OpenAIResponsesTool, OpenAITool
-from ._data import WorkspaceRef
+from ._data import ExecResult, WorkspaceRef
 from ._protocols import WorkspaceProvider
 from ._registry import RegistrySnapshot, ScopedWorkspace
 from ._session import WorkspaceSession
 from ._session import open_workspace as _open_workspace
+from ._streaming import OutputChunk
 from ._tool import Tool, ToolResult
 
 __all__ = ["Blocking", "BlockingWorkspace", "SyncWorkspaceSession", "open_workspace"]
@@ -161,6 +162,35 @@ class SyncWorkspaceSession:
 
         async def run() -> ToolResult:
             return await self.session.call(name, arguments, raise_on_error=raise_on_error)
+
+        return self.portal.call(run)
+
+    def run_streaming(
+        self,
+        command: str,
+        on_output: Callable[[OutputChunk], None] | None = None,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        max_output_bytes: int = 1_000_000,
+    ) -> ExecResult:
+        """Run a command, calling ``on_output`` with each chunk as it is produced.
+
+        See ``WorkspaceSession.run_streaming`` (needs the ``process``
+        capability). ``on_output`` runs in the session's event-loop thread,
+        between reads: keep it quick (print, append, put on a queue).
+        """
+
+        async def run() -> ExecResult:
+            return await self.session.run_streaming(
+                command,
+                on_output,
+                cwd=cwd,
+                env=env,
+                timeout_s=timeout_s,
+                max_output_bytes=max_output_bytes,
+            )
 
         return self.portal.call(run)
 
