@@ -22,7 +22,7 @@ from corral.provider import (
 from corral_local_bash import LocalBashProvider
 
 CONFIG = ProviderConfig(kind="local-bash")
-ALL = frozenset({"fs", "shell", "snapshot"})
+ALL = frozenset({"fs", "shell", "code", "process", "snapshot"})
 
 
 def _ws_dir(provider: LocalBashProvider, ref: corral.WorkspaceRef) -> Path:
@@ -121,8 +121,8 @@ async def test_declared_capabilities_build_only_those(provider: LocalBashProvide
 async def test_undeliverable_capability_fails_open_by_name(
     provider: LocalBashProvider, root: Path
 ) -> None:
-    with pytest.raises(WorkspaceFailedError, match="cannot provide capabilities: code, script"):
-        await provider.open(CONFIG, SessionRef("s"), frozenset({"fs", "code", "script"}))
+    with pytest.raises(WorkspaceFailedError, match="cannot provide capabilities: git, script"):
+        await provider.open(CONFIG, SessionRef("s"), frozenset({"fs", "git", "script"}))
     # Nothing was created.
     assert not root.exists() or not any(
         n.startswith("ws-") for n in os.listdir(provider.layout.base_dir)

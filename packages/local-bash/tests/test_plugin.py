@@ -13,7 +13,7 @@ def test_entry_point_registers_the_provider(root: Path) -> None:
     plugins = corral.load_plugins()
     spec = plugins.provider("local-bash")
     assert spec.factory is LocalBashProvider
-    assert spec.capabilities == {"fs", "shell", "snapshot"}
+    assert spec.capabilities == {"fs", "shell", "code", "process", "snapshot"}
     assert spec.distribution == "corral-local-bash"
     assert "no isolation" in spec.summary
     assert spec.version == "0.1.0"

@@ -20,7 +20,7 @@ def corral_register_providers(register: Callable[[corral.provider.ProviderSpec],
             kind="local-bash",
             factory=LocalBashProvider,
             # attrs' converter=frozenset types the field as a generic Iterable.
-            capabilities=frozenset({"fs", "shell", "snapshot"}),
+            capabilities=frozenset({"fs", "shell", "code", "process", "snapshot"}),
             summary="host tmpdir + subprocess shell; no isolation, trusted code only",
             distribution="corral-local-bash",
         )

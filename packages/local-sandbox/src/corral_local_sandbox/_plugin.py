@@ -56,6 +56,9 @@ def corral_register_providers(register: Callable[[corral.provider.ProviderSpec],
             distribution="corral-local-sandbox",
             probe=_bwrap_problem,
             # bubblewrap + seccomp contain every command: shell syntax is not the risk there.
-            policy_defaults={"shell": {"allow_shell_syntax": True}},
+            policy_defaults={
+                "shell": {"allow_shell_syntax": True},
+                "process": {"allow_shell_syntax": True},
+            },
         )
     )

@@ -12,9 +12,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Final
 
 import anyio
@@ -25,8 +26,11 @@ from corral.provider import FileSystem, OperationError, Shell, WorkspaceFailedEr
 from corral_posix import (
     CommandWrapper,
     Isolation,
+    ProcessChecks,
     ProcessLimits,
     TmpdirWorkspaceProvider,
+    WrapContext,
+    WrappedCommand,
     remove_tree,
 )
 
@@ -76,6 +80,61 @@ class _Resources:
             remove_tree(self.scratch)
 
 
+_NO_COMMANDS: Final = frozenset({"fs", "snapshot"})
+"""Modules that never run a command: a workspace of only these needs no sandbox."""
+_PROCESS_CHECK_INTERVAL_S: Final = 2.0
+
+
+@attrs.frozen
+class _TerminalBwrap:
+    """The bubblewrap launch of a process that has a pseudo-terminal.
+
+    bwrap's ``--new-session`` (kept: CVE-2017-5226) calls ``setsid()``,
+    which detaches any controlling terminal: ``/dev/tty`` would fail, no
+    SIGWINCH on resize, no SIGINT on ^C, no job control. Keeping the
+    host-side session instead does not work either: its process groups lie
+    outside the sandbox's pid namespace (``tcgetpgrp`` reads 0, shells
+    cannot restore the terminal), and bwrap's monitor, in the foreground
+    group, would die of the ^C meant for the program. So the process host
+    only starts a session (no controlling terminal), and *inside* the
+    sandbox ``setsid --ctty`` starts the command in a session of the
+    namespace whose controlling terminal is the pty on its stdin. Every
+    process group is then visible to the programs that manage them, and
+    bwrap stays outside the terminal's session. The pty is private (only the
+    process host and the manager hold its master), and the seccomp filter
+    refuses ``TIOCSTI``/``TIOCLINUX`` besides.
+    """
+
+    inner: BwrapWrapper
+    setsid: str
+
+    def wrap(self, argv: Sequence[str], ctx: WrapContext) -> WrappedCommand:
+        """The inner launch with the command started by ``setsid --ctty --wait``."""
+        return self.inner.wrap([self.setsid, "--ctty", "--wait", *argv], ctx)
+
+
+def _terminal_wrapper(wrapper: CommandWrapper) -> CommandWrapper | None:
+    """The terminal launch for a bwrap sandbox (None: the process host's own ctty)."""
+    if not isinstance(wrapper, BwrapWrapper):
+        return None
+    found = shutil.which("setsid", path="/usr/bin:/bin")
+    return _TerminalBwrap(wrapper, found) if found else _NoTerminal(wrapper)
+
+
+@attrs.frozen
+class _NoTerminal:
+    """Refuses terminals when the sandbox has no ``setsid`` to give one its session."""
+
+    inner: BwrapWrapper
+
+    def wrap(self, argv: Sequence[str], ctx: WrapContext) -> WrappedCommand:
+        """Raise: a terminal without a controlling tty would half-work."""
+        raise OperationError(
+            "terminals in the sandbox need util-linux's setsid in /usr/bin or /bin",
+            code="unsupported",
+        )
+
+
 _HOME_FALLBACK: Final = "/var/empty"
 _SCRATCH: Final = "sandbox"
 _OVER_QUOTA: Final = "over-quota"
@@ -114,7 +173,9 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
     """
 
     provider_id: ClassVar[str] = PROVIDER_ID
-    capabilities: ClassVar[frozenset[str]] = frozenset({"fs", "shell", "snapshot"})
+    capabilities: ClassVar[frozenset[str]] = frozenset(
+        {"fs", "shell", "code", "process", "snapshot"}
+    )
 
     def __init__(
         self,
@@ -317,7 +378,7 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
     async def prepare_isolation(
         self, root: str, *, state_dir: str, capabilities: frozenset[str]
     ) -> Isolation:
-        """Check the protected paths and, for a shell, build the sandbox (fails closed).
+        """Check the protected paths and, for a shell or code, build the sandbox (fails closed).
 
         Whatever stands at a protected path and is not acceptable (a file a
         dead process's command planted, say) is quarantined here, before
@@ -337,7 +398,8 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
         def verify(new_root: str, new_state: str) -> None:
             self._checker(new_root, new_state)
 
-        if "shell" not in capabilities:
+        # Fail closed: every module but the file tools may run a command.
+        if capabilities <= _NO_COMMANDS:
             return Isolation(
                 details={"backend": None}, decorate_fs=protect_fs, after_extract=verify
             )
@@ -359,11 +421,53 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
             guarded = protect_fs(fs)
             return guarded if quota is None else QuotaFileSystem(guarded, quota)
 
+        wrapper = resources.wrapper
         return Isolation(
-            wrapper=resources.wrapper,
+            wrapper=wrapper,
             cleanup=cleanup,
             details=resources.facts,
             decorate_shell=protect_shell,
             decorate_fs=quota_fs,
             after_extract=verify,
+            terminal_wrapper=_terminal_wrapper(wrapper),
+            process_checks=_process_checks(checker, quota),
         )
+
+
+def _process_checks(checker: ProtectedPathChecker, quota: DiskQuota | None) -> ProcessChecks:
+    """The shell's before/after guards, for processes that outlive any one call.
+
+    A command is checked before it starts and after it ends; a background
+    process has no "after" until it ends, so while any runs the protected
+    paths are checked (planted files quarantined) and the workspace measured
+    every couple of seconds, and once more after the last one ends. Over the
+    quota, or with a protected path that cannot be made safe, every running
+    process of the workspace is killed: the bound is the quota plus what a
+    process writes in one interval (each file also capped by RLIMIT_FSIZE).
+    """
+
+    async def before_start() -> None:
+        before = await checker.acheck()
+        if not before.clean:
+            raise OperationError(
+                "a file planted at a protected path could not be removed; "
+                "remove it from the host to start processes",
+                code="policy_denied",
+            )
+        if quota is not None:
+            await quota.refuse_if_over()
+
+    def monitor() -> str | None:
+        if not checker.check(deep=True).clean:
+            return "a file planted at a protected path could not be removed"
+        if quota is None:
+            return None
+        try:
+            usage = quota.update()
+        except OSError:
+            return "the workspace could not be measured against its disk quota"
+        return "the workspace exceeded its disk quota" if usage.bytes > quota.limit else None
+
+    return ProcessChecks(
+        before_start=before_start, monitor=monitor, interval_s=_PROCESS_CHECK_INTERVAL_S
+    )

@@ -11,6 +11,7 @@ from ._checker import CheckedCommand, CommandChecker
 from ._fdtree import remove_tree_at
 from ._fs import TmpdirFileSystem
 from ._layout import TmpdirLayout, TmpdirRefPayload, remove_tree, sanitize_session_id
+from ._processes import HostProcessManager, ProcessChecks
 from ._provider import Isolation, TmpdirWorkspaceProvider
 from ._resolve import Resolver, open_beneath, openat2_available
 from ._shell import ProcessLimits, SubprocessShell
@@ -28,8 +29,10 @@ __all__: list[str] = [
     "CheckedCommand",
     "CommandChecker",
     "CommandWrapper",
+    "HostProcessManager",
     "IdentityWrapper",
     "Isolation",
+    "ProcessChecks",
     "ProcessLimits",
     "Reattachable",
     "Resolver",

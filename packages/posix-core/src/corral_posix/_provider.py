@@ -37,8 +37,10 @@ from corral.provider import (
     positive_size_option,
 )
 
+from ._code import PosixCodeInterpreter
 from ._fs import TmpdirFileSystem
 from ._layout import TmpdirLayout, TmpdirRefPayload
+from ._processes import HostProcessManager, ProcessChecks
 from ._resolve import Resolver
 from ._shell import ProcessLimits, SubprocessShell
 from ._snapshots import TmpdirSnapshotter
@@ -66,6 +68,14 @@ class Isolation:
             state_dir)`` after a snapshot restore rewrote this workspace or a
             branch created one, before it is used (e.g. to re-verify paths
             the isolation protects: a snapshot holds whatever was there).
+        terminal_wrapper: Re-shapes background processes that get a
+            pseudo-terminal and gives them their controlling terminal inside
+            the isolation (a sandbox that starts a session of its own would
+            detach one given outside). None: ``wrapper``, with the terminal
+            made controlling by the process host.
+        process_checks: Guards around background processes (the checks a
+            decorated shell runs around each command, for processes that
+            outlive any one call).
     """
 
     wrapper: CommandWrapper | None = None
@@ -74,6 +84,8 @@ class Isolation:
     decorate_shell: Callable[[Shell], Shell] | None = None
     decorate_fs: Callable[[FileSystem], FileSystem] | None = None
     after_extract: Callable[[str, str], object] | None = None
+    terminal_wrapper: CommandWrapper | None = None
+    process_checks: ProcessChecks | None = None
 
 
 NO_ISOLATION: Final = Isolation()
@@ -93,10 +105,15 @@ class TmpdirWorkspaceProvider:
             or a mapping of its fields (as plugin options arrive).
         base_env: Environment every command starts from (never stored in refs).
         snapshot_compresslevel: gzip level of snapshot tarballs (1-9).
+        code_python: Interpreter of the ``code`` module's Python contexts: a
+            name looked up on the box's ``PATH`` (``python3``) or an absolute
+            path (local-bash only: a sandbox sees just the system directories).
     """
 
     provider_id: ClassVar[str] = ""
-    capabilities: ClassVar[frozenset[str]] = frozenset({"fs", "shell", "snapshot"})
+    capabilities: ClassVar[frozenset[str]] = frozenset(
+        {"fs", "shell", "code", "process", "snapshot"}
+    )
     schema_version: ClassVar[int] = 2
 
     def __init__(
@@ -109,6 +126,7 @@ class TmpdirWorkspaceProvider:
         shell_limits: ProcessLimits | Mapping[str, int | None] | None = None,
         base_env: Mapping[str, str] | None = None,
         snapshot_compresslevel: int = 1,
+        code_python: str = "python3",
     ) -> None:
         if not self.provider_id:
             raise TypeError("TmpdirWorkspaceProvider subclasses must set provider_id")
@@ -136,6 +154,9 @@ class TmpdirWorkspaceProvider:
             raise ValueError("base_env must map strings to strings")
         self._base_env = dict(base_env) if base_env is not None else None
         self._level = snapshot_compresslevel
+        if not isinstance(code_python, str) or not code_python or "\0" in code_python:
+            raise ValueError("code_python must be a program name or path")
+        self._code_python = code_python
         self._assembly = WorkspaceAssembly(
             _TmpdirBuilder(self),
             provider_id=self.provider_id,
@@ -164,8 +185,8 @@ class TmpdirWorkspaceProvider:
             root: Host path of the workspace root.
             state_dir: The workspace's private state directory, outside the
                 workspace (same filesystem), removed with the workspace.
-            capabilities: The modules being assembled (``"shell"`` absent: no
-                command will run).
+            capabilities: The modules being assembled (neither ``"shell"`` nor
+                ``"code"``: no command will run).
 
         Returns:
             The wrapper, cleanup, details and decorators for this workspace.
@@ -174,6 +195,29 @@ class TmpdirWorkspaceProvider:
             WorkspaceFailedError: The isolation cannot be provided (fail closed).
         """
         return NO_ISOLATION
+
+    def build_code(
+        self,
+        root: str,
+        state_dir: str,
+        wrapper: CommandWrapper | None = None,
+        checks: ProcessChecks | None = None,
+    ) -> PosixCodeInterpreter:
+        """Build the ``code`` module of one workspace; its contexts run through ``wrapper``.
+
+        ``checks`` are the isolation's guards (quota, protected paths), run
+        around every cell.
+        """
+        return PosixCodeInterpreter(
+            root,
+            state_dir=state_dir,
+            wrapper=wrapper,
+            checks=checks,
+            base_env=self._base_env,
+            limits=self._shell_limits,
+            python=self._code_python,
+            provider_id=self.provider_id,
+        )
 
     def build_shell(self, root: str, wrapper: CommandWrapper | None = None) -> Shell:
         """Build the shell of one workspace rooted at ``root``; ``wrapper`` re-shapes commands."""
@@ -273,6 +317,7 @@ class _TmpdirBuilder:
         fs: TmpdirFileSystem | None = None
         shell: Shell | None = None
         snap: TmpdirSnapshotter | None = None
+        code: PosixCodeInterpreter | None = None
         if "fs" in caps or "snapshot" in caps:
             fs = await anyio.to_thread.run_sync(
                 lambda: TmpdirFileSystem(
@@ -291,6 +336,25 @@ class _TmpdirBuilder:
             aclose = getattr(shell, "aclose", None)
             if aclose is not None:
                 ctx.releases.push_async_callback(aclose)
+        if "code" in caps:
+            code = provider.build_code(
+                root, layout.state_path(name), isolation.wrapper, isolation.process_checks
+            )
+            ctx.releases.push_async_callback(code.aclose)
+        more: dict[str, object] = {}
+        if "process" in caps:
+            processes = HostProcessManager(
+                root,
+                layout.state_path(name),
+                wrapper=isolation.wrapper,
+                terminal_wrapper=isolation.terminal_wrapper,
+                base_env=provider._base_env,
+                limits=provider._shell_limits,
+                checks=isolation.process_checks,
+                provider_id=provider.provider_id,
+            )
+            ctx.releases.push_async_callback(processes.aclose)
+            more["process"] = processes
         if "snapshot" in caps:
             snap = TmpdirSnapshotter(
                 layout,
@@ -313,10 +377,15 @@ class _TmpdirBuilder:
         def details() -> Mapping[str, Any]:
             # Commands see the root where it lies (isolation may say otherwise);
             # a workspace without commands keeps the plain "/" view.
-            where = root if shell is not None else "/"
-            return {"root": root, "resolver": resolver, "workspace_path": where, **extra}
+            where = root if shell is not None or code is not None or more else "/"
+            facts = {"root": root, "resolver": resolver, "workspace_path": where}
+            if code is not None:
+                facts.update(code.details())
+            return {**facts, **extra}
 
-        return Modules(fs=agent_fs, shell=shell, snapshot=snap, details=details)
+        return Modules(
+            fs=agent_fs, shell=shell, code=code, snapshot=snap, extra=more, details=details
+        )
 
 
 def _os_name() -> str:

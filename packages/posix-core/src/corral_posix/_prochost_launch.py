@@ -1,0 +1,123 @@
+"""Host side of the process-host server (other side: ``_prochost.py``).
+
+One server process serves every :class:`~corral_posix.HostProcessManager` of
+a host process: started lazily, restarted if it died, forgotten in a forked
+child. It forks one process host per background process on request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+from typing import Final
+
+import anyio
+import anyio.to_thread
+
+from corral.provider import OperationError
+
+__all__ = ["PROCESS_HOSTS", "ProcessHostServer"]
+
+_SCRIPT: Final = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_prochost.py")
+_SNDBUF: Final = 1 << 20
+
+
+class ProcessHostServer:
+    """The lazily started server that forks a process host per background process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._owner = 0
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+        if self._sock is not None:
+            self._sock.close()  # only this copy: the parent's server keeps running
+        self._proc, self._sock, self._owner = None, None, 0
+
+    def _current(self) -> socket.socket | None:
+        proc, sock = self._proc, self._sock
+        alive = proc is not None and proc.poll() is None
+        return sock if sock is not None and self._owner == os.getpid() and alive else None
+
+    def _start(self) -> socket.socket:
+        """Start (or restart) the server; blocking, so called from a worker thread."""
+        with self._lock:
+            current = self._current()
+            if current is not None:
+                return current
+            if self._sock is not None and self._owner == os.getpid():
+                self._sock.close()
+            if self._proc is not None and self._owner == os.getpid():
+                with contextlib.suppress(OSError):
+                    self._proc.wait(timeout=0)
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", _SCRIPT, str(theirs.fileno())],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    pass_fds=(theirs.fileno(),),
+                    start_new_session=True,
+                    env={"PATH": os.defpath, "LANG": "C.UTF-8"},
+                    cwd="/",
+                )
+            except BaseException:
+                ours.close()
+                raise
+            finally:
+                theirs.close()
+            self._proc, self._sock, self._owner = proc, ours, os.getpid()
+            return ours
+
+    async def new_host(self) -> socket.socket:
+        """A socket to a freshly forked process host (non-blocking).
+
+        Raises:
+            OperationError: ``failed`` when the server cannot be started or reached.
+        """
+        for attempt in range(2):
+            ctl = self._current()
+            if ctl is None:
+                try:
+                    ctl = await anyio.to_thread.run_sync(self._start)
+                except OSError as exc:
+                    raise OperationError(
+                        f"cannot start the process host: {exc.strerror}", code="failed"
+                    ) from exc
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            with contextlib.suppress(OSError):
+                ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SNDBUF)
+            rights = [
+                (socket.SOL_SOCKET, socket.SCM_RIGHTS, theirs.fileno().to_bytes(4, sys.byteorder))
+            ]
+            try:
+                # The control socket is blocking and tiny messages always fit:
+                # a send never waits unless the server is wedged.
+                ctl.sendmsg([b"N"], rights, socket.MSG_NOSIGNAL)
+            except OSError as exc:
+                ours.close()
+                if attempt == 0:
+                    with self._lock:
+                        if self._proc is not None and self._owner == os.getpid():
+                            with contextlib.suppress(OSError):
+                                self._proc.kill()
+                    continue
+                raise OperationError(
+                    f"cannot reach the process host: {exc.strerror}", code="failed"
+                ) from exc
+            finally:
+                theirs.close()
+            ours.setblocking(False)
+            return ours
+        raise OperationError("cannot reach the process host", code="failed")
+
+
+PROCESS_HOSTS: Final = ProcessHostServer()
