@@ -6,7 +6,9 @@
 #   2. dockerd started in the background when the socket does not answer;
 #   3. the test image corral-test:latest built locally from busybox-static
 #      (no registry access needed), and docker's default image
-#      debian:bookworm-slim built with mmdebstrap from Debian's packages;
+#      debian:bookworm-slim built with mmdebstrap from Debian's packages,
+#      and the code image corral-python:bookworm (python3, numpy,
+#      matplotlib, nodejs; about 70 s, skip with CORRAL_SKIP_PYTHON_IMAGE=1);
 #   4. with --ssh (or CORRAL_SETUP_SSH=1): an OpenSSH server on
 #      127.0.0.1:2222 with a key pair generated now, authorised for root,
 #      plus a ~/.ssh/config entry so ssh://root@127.0.0.1:2222 works
@@ -119,6 +121,27 @@ else
     mmdebstrap --variant=minbase --quiet bookworm - \
         | docker import -c 'CMD ["bash"]' - "$DEFAULT_IMAGE" >/dev/null
     say "built $DEFAULT_IMAGE"
+fi
+
+# 3c. the code image: python3 (+ numpy, matplotlib) and node ---------------
+# The `code` capability's driver and `workspace_run_code` need an interpreter
+# in the box; busybox has none. Built like 3b from Debian's packages (no
+# registry), so matplotlib draws headless PNGs (its Agg backend needs no
+# display). Skip with CORRAL_SKIP_PYTHON_IMAGE=1.
+PYTHON_IMAGE="${CORRAL_DOCKER_CODE_IMAGE:-corral-python:bookworm}"
+if [ "${CORRAL_SKIP_PYTHON_IMAGE:-0}" = 1 ]; then
+    say "skipping $PYTHON_IMAGE (CORRAL_SKIP_PYTHON_IMAGE=1)"
+elif docker image inspect "$PYTHON_IMAGE" >/dev/null 2>&1; then
+    say "image $PYTHON_IMAGE already present"
+else
+    command -v mmdebstrap >/dev/null 2>&1 || apt_install mmdebstrap
+    say "building $PYTHON_IMAGE with mmdebstrap (minbase + python3, numpy, matplotlib, nodejs)"
+    mmdebstrap --variant=minbase --quiet \
+        --include=python3,python3-numpy,python3-matplotlib,nodejs \
+        --customize-hook='chroot "$1" python3 -c "import matplotlib, numpy"' \
+        bookworm - \
+        | docker import -c 'ENV MPLBACKEND=Agg' -c 'CMD ["python3"]' - "$PYTHON_IMAGE" >/dev/null
+    say "built $PYTHON_IMAGE"
 fi
 
 # 4. ssh endpoint for the remote-engine mode --------------------------------

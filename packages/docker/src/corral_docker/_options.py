@@ -20,16 +20,23 @@ from corral.provider import ConfigError
 from ._engine import ContainerSpec, MountSpec, Ulimit
 
 __all__ = [
+    "CODE_IMAGE_ENV",
+    "DEFAULT_CODE_IMAGE",
     "DEFAULT_IMAGE",
     "WORKDIR",
     "DockerOptions",
     "build_container_spec",
+    "code_image",
     "hardening_details",
     "parse_size",
     "weakened",
 ]
 
 DEFAULT_IMAGE: Final = "debian:bookworm-slim"
+DEFAULT_CODE_IMAGE: Final = "corral-python:bookworm"
+"""The image with interpreters (python3 + numpy + matplotlib, node) that
+``scripts/ci-setup.sh`` builds from Debian's packages; busybox has none."""
+CODE_IMAGE_ENV: Final = "CORRAL_DOCKER_CODE_IMAGE"
 WORKDIR: Final = "/workspace"
 NOBODY: Final = "65534:65534"
 CONTAINER_TMP: Final = "/tmp"  # noqa: S108 -- a tmpfs inside the container, not the host's
@@ -38,6 +45,16 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 _UNITS: Final = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 _USER = re.compile(r"^\d{1,10}(:\d{1,10})?$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,254}$")
+
+
+def code_image() -> str:
+    """The image to run code in: ``$CORRAL_DOCKER_CODE_IMAGE``, else :data:`DEFAULT_CODE_IMAGE`.
+
+    Code runs inside the workspace's container, so a workspace that runs code
+    is opened with ``image=code_image()`` (or any image that has the
+    interpreters).
+    """
+    return os.environ.get(CODE_IMAGE_ENV) or DEFAULT_CODE_IMAGE
 
 
 def parse_size(value: int | str, *, key: str) -> int:

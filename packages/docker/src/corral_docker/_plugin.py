@@ -26,12 +26,16 @@ def corral_register_providers(register: Callable[[corral.provider.ProviderSpec],
         corral.provider.ProviderSpec(
             kind="docker",
             factory=DockerProvider,
-            capabilities=DockerProvider.capabilities,
+            # The SDK engine every docker:// / ssh:// URL gets attaches exec streams.
+            capabilities=DockerProvider.capabilities | {"process"},
             summary="hardened per-session Docker containers (local or ssh:// engines)",
             distribution="corral-docker",
             probe=_daemon_problem,
             # The container is the boundary: shell syntax is not the risk there.
-            policy_defaults={"shell": {"allow_shell_syntax": True}},
+            policy_defaults={
+                "shell": {"allow_shell_syntax": True},
+                "process": {"allow_shell_syntax": True},
+            },
         )
     )
 

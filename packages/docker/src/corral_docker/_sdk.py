@@ -20,8 +20,9 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 
-from corral.provider import current_progress_callback, echo_if_short
+from corral.provider import TerminalSize, current_progress_callback, echo_if_short
 
+from ._attach import AttachedExec, open_attached
 from ._engine import (
     ContainerInfo,
     ContainerNotFoundError,
@@ -318,6 +319,31 @@ class SdkEngine:
             )
 
         return await self._call("exec", run, abandon=True)
+
+    async def attach_exec(
+        self,
+        container_id: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        workdir: str,
+        user: str,
+        stdin: bool,
+        terminal: TerminalSize | None = None,
+        exit_trailer: bool = False,
+    ) -> AttachedExec:
+        """Start an exec with its streams attached (see :mod:`corral_docker._attach`)."""
+        return await open_attached(
+            self._call,
+            container_id,
+            argv,
+            env=env,
+            workdir=workdir,
+            user=user,
+            stdin=stdin,
+            terminal=terminal,
+            exit_trailer=exit_trailer,
+        )
 
     async def stop(self, container_id: str, *, timeout_s: float) -> None:
         """Stop a container."""
