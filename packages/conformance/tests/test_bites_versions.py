@@ -173,6 +173,32 @@ class _IgnoresMaxBytes(_Versions):
         return await self.inner.read_file_at(snapshot_id, path)  # type: ignore[no-any-return]
 
 
+class _ServesDamagedFromTheLiveTree(_Versions):
+    """read_file_at "heals" a damaged version by answering with the live file instead."""
+
+    async def read_file_at(
+        self, snapshot_id: str, path: str, *, max_bytes: int | None = None
+    ) -> bytes:
+        try:
+            return await self.inner.read_file_at(snapshot_id, path, max_bytes=max_bytes)  # type: ignore[no-any-return]
+        except corral.OperationError as exc:
+            if exc.code != "failed":
+                raise
+            return await self.ws.fs.read_file(path, max_bytes=max_bytes)  # type: ignore[no-any-return]
+
+
+class _BestEffortRestore(_Versions):
+    """restore skips what it cannot restore and reports success."""
+
+    async def restore(self, snapshot_id: str) -> WorkspaceRef:
+        try:
+            return await self.inner.restore(snapshot_id)  # type: ignore[no-any-return]
+        except corral.OperationError as exc:
+            if exc.code != "failed":
+                raise
+            return self.inner._make_ref(self.inner._name)  # type: ignore[no-any-return]
+
+
 def _local_bash() -> Any:
     from corral_local_bash import LocalBashProvider
 
@@ -194,6 +220,8 @@ _CASES: list[tuple[type[_Versions], Callable[[], Any], tuple[str, ...]]] = [
     ),
     (_BranchSharesTheTree, ReferenceProvider, ("branch_and_origin_never_change_the_version",)),
     (_IgnoresMaxBytes, ReferenceProvider, ("reading_versions_reports_errors",)),
+    (_ServesDamagedFromTheLiveTree, _local_bash, ("damaged_versions_fail_cleanly",)),
+    (_BestEffortRestore, _local_bash, ("damaged_versions_fail_cleanly",)),
 ]
 
 

@@ -10,6 +10,7 @@ import pytest
 import corral
 import corral.provider
 from corral_docker import DockerProvider, FakeDockerEngine
+from corral_docker._archive_versions import ArchiveSnapshotter
 from corral_docker._versions import KILL_EXECS, CommandGate
 
 pytestmark = pytest.mark.anyio
@@ -74,13 +75,14 @@ async def test_gate_holds_commands_until_the_restore_ends() -> None:
     assert passed.is_set()
 
 
-async def test_remote_engine_offers_no_snapshot(tmp_root: str) -> None:
+async def test_remote_engine_offers_snapshot_through_archives(tmp_root: str) -> None:
     fake = FakeDockerEngine(images=["corral-test:latest"], remote=True)
     provider = _provider(fake, tmp_root)
-    assert "snapshot" not in provider.capabilities
-    opened = await provider.open(CONFIG, corral.SessionRef("s"))
-    assert opened.workspace.snapshot is None
-    assert opened.ref.capabilities == {"fs", "shell"}
+    assert "snapshot" in provider.capabilities
+    opened = await provider.open(CONFIG, corral.SessionRef("s"), frozenset({"fs", "snapshot"}))
+    assert isinstance(opened.workspace.snapshot, ArchiveSnapshotter)
+    assert "snapshot" in opened.ref.capabilities
+    with pytest.raises(corral.OperationError) as caught:
+        await opened.workspace.snapshot.branch("snap-0000000000000000-00000000")
+    assert caught.value.code == "not_found"
     await opened.workspace.close()
-    with pytest.raises(corral.WorkspaceFailedError, match="snapshot"):
-        await provider.open(CONFIG, corral.SessionRef("s"), frozenset({"snapshot"}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -49,6 +50,16 @@ ERRORS = define(
     "Reading a version: an unknown id -> not_found; a missing path -> not_found; a "
     "directory read as a file -> is_a_directory; a file listed as a directory -> "
     "not_a_directory; a file over max_bytes -> too_large (never another version's data).",
+)
+INTEGRITY = define(
+    "snapshot.versions.integrity",
+    "Versions (conformance_damage hook)",
+    "A version whose stored content of a file is corrupt or missing makes read_file_at and "
+    "restore of that version fail with OperationError(code='failed') naming the version and "
+    "the path; the damaged content is never written to the workspace, the version's other "
+    "files still read, and the workspace keeps working (snapshot, restore of a sound "
+    "version). Runs where the snapshot module offers the optional "
+    "conformance_damage(snapshot_id, path, how) hook; skipped elsewhere.",
 )
 
 
@@ -258,3 +269,46 @@ class AbstractVersionsTests:
                 await h.call(snap.read_file_at, sid, "/src/app.py", max_bytes=3)
             assert caught.value.code == "too_large", f"max_bytes: {caught.value.code!r}"
             assert await h.call(snap.read_file_at, sid, "/docs/empty.txt") == b""
+
+    @rule(INTEGRITY)
+    @pytest.mark.anyio
+    async def test_damaged_versions_fail_cleanly(self, conformance: Harness) -> None:
+        """Corrupt and missing stored content: named errors, nothing garbage restored."""
+        h = conformance
+        h.require("snapshot", "fs")
+        async with h.session("fs", "snapshot") as opened:
+            fs, snap = _modules(h, opened)
+            damage = getattr(snap, "conformance_damage", None)
+            if damage is None:
+                pytest.skip(f"{h.kind}'s snapshot module offers no conformance_damage hook")
+            await h.call(fs.write_file, "/keep.txt", b"kept intact\n")
+            for how in ("corrupt", "missing"):
+                # Unique content: a blob shared with another run's version is not this test's.
+                content = f"the {how} version's own content {secrets.token_hex(8)}\n".encode()
+                await h.call(fs.write_file, "/victim.txt", content)
+                info = await h.call(snap.snapshot, how)
+                await h.call(fs.write_file, "/victim.txt", b"live edit\n")
+                await h.call(damage, info.snapshot_id, "/victim.txt", how)
+                ops: list[tuple[Callable[..., Awaitable[object]], tuple[str, ...]]] = [
+                    (snap.read_file_at, (info.snapshot_id, "/victim.txt")),
+                    (snap.restore, (info.snapshot_id,)),
+                ]
+                for op, args in ops:
+                    failure: OperationError | None = None
+                    try:
+                        await h.call(op, *args)
+                    except OperationError as exc:
+                        failure = exc
+                    what = f"{op.__name__} of a version with {how} content"
+                    assert failure is not None, f"{what} succeeded"
+                    assert failure.code == "failed", f"{what}: {failure!r}"
+                    assert info.snapshot_id in str(failure), f"{what}: no version named"
+                    assert "/victim.txt" in str(failure), f"{what}: no path named"
+                live = await h.call(fs.read_file, "/victim.txt")
+                assert live in (b"live edit\n", content), f"{how}: restore wrote {live!r}"
+                kept = await h.call(snap.read_file_at, info.snapshot_id, "/keep.txt")
+                assert kept == b"kept intact\n", f"{how}: a sound file of the version"
+                after = await h.call(snap.snapshot, f"{how}, after")
+                await h.call(fs.write_file, "/victim.txt", b"again\n")
+                await h.call(snap.restore, after.snapshot_id)
+                assert await h.call(fs.read_file, "/victim.txt") == live, f"{how}: unusable"

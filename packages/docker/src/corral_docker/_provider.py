@@ -14,7 +14,7 @@ replaces whatever container a crashed process left behind.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, ClassVar, Final
 
 import anyio
@@ -40,15 +40,19 @@ from corral_posix import (
     TmpdirFileSystem,
     TmpdirLayout,
     TmpdirRefPayload,
+    remove_tree,
     sanitize_session_id,
 )
 
+from ._archive_versions import ArchiveSnapshotter
+from ._attach import AttachingEngine
 from ._container import PROVIDER_ID, WorkspaceContainer, engine_failure
 from ._engine import DockerEngine, EngineError, MountSpec
-from ._labels import LABEL_ROOT, LABEL_SESSION, owner_labels
+from ._labels import LABEL_ROOT, LABEL_SESSION, LABEL_WORKSPACE, owner_labels
 from ._options import WORKDIR, DockerOptions, hardening_details
 from ._ownership import OwnedFileSystem, prepare_root
 from ._pool import ContainerPool, PoolMember
+from ._processes import DockerProcessManager
 from ._remote_fs import ContainerFileSystem, init_volume
 from ._shell import DockerShell
 from ._versions import CommandGate, DockerSnapshotter
@@ -108,9 +112,10 @@ class DockerProvider:
 
     provider_id: ClassVar[str] = PROVIDER_ID
     capabilities: frozenset[str] = frozenset({"fs", "shell", "snapshot"})
-    """What this provider can populate: ``snapshot`` only on a local engine (a
-    remote engine's volume is out of the host's reach), so an instance
-    bound to a remote engine narrows it."""
+    """What this provider can populate: ``snapshot`` on every engine (a remote
+    engine's volume is versioned through the archive endpoints, see
+    :mod:`._archive_versions`); ``process`` when the engine attaches
+    exec streams (the SDK engine does), so such an instance widens it."""
     schema_version: ClassVar[int] = _SCHEMA_VERSION
 
     def __init__(
@@ -135,8 +140,9 @@ class DockerProvider:
             raise WorkspaceFailedError("docker: pool_size must be a non-negative integer")
         self._base_url = base_url
         self._pool_size = pool_size
-        if engine.remote:
-            self.capabilities = DockerProvider.capabilities - {"snapshot"}
+        if isinstance(engine, AttachingEngine):
+            # Background processes need attached exec streams (the SDK engine has them).
+            self.capabilities = self.capabilities | {"process"}
         self._parts = _DockerBuilder(
             engine,
             TmpdirLayout(PROVIDER_ID, tmpdir_root),
@@ -314,7 +320,13 @@ class _DockerBuilder:
     async def destroy(self, payload: DockerRefPayload) -> None:
         """Remove the workspace's volume or host directory."""
         if payload.remote:
+            # A handle resolved from the same ref replaced the container this one
+            # knew: remove every container of the workspace, or the volume stays busy.
+            for box in await self.engine.list_containers({LABEL_WORKSPACE: payload.workspace}):
+                await self.engine.remove(box.id)
             await self.engine.remove_volume(_volume(payload.workspace))
+            # Process records of a remote workspace live on this host.
+            await anyio.to_thread.run_sync(remove_tree, self.layout.state_path(payload.workspace))
         else:
             await anyio.to_thread.run_sync(self.layout.remove_workspace, payload.workspace)
 
@@ -332,6 +344,7 @@ class _DockerBuilder:
         ctx.releases.push_async_callback(box.remove)
         fs: FileSystem | None = None
         snap: DockerSnapshotter | None = None
+        extra: dict[str, object] = {}
         try:
             if adopt is not None:
                 box.adopt(adopt)
@@ -354,6 +367,19 @@ class _DockerBuilder:
                 if "shell" in caps
                 else None
             )
+            if "process" in caps:
+                processes = DockerProcessManager(
+                    self.engine,
+                    box.get,
+                    self._checker_factory(),
+                    user=opts.user,
+                    state_dir=self.layout.state_path(name),
+                    root=root or None,
+                    gate=gate.wait,
+                )
+                # Before the container goes: its processes end recorded as killed.
+                ctx.releases.push_async_callback(processes.aclose)
+                extra["process"] = processes
             if "snapshot" in caps:
                 snap = self._snapshotter(ctx, box, gate)
                 ctx.releases.callback(snap.close)
@@ -377,7 +403,7 @@ class _DockerBuilder:
                 "hardening": hardening_details(opts),
             }
 
-        return Modules(fs=fs, shell=shell, snapshot=snap, details=details)
+        return Modules(fs=fs, shell=shell, snapshot=snap, extra=extra, details=details)
 
     def _snapshotter(
         self,
@@ -387,9 +413,16 @@ class _DockerBuilder:
     ) -> DockerSnapshotter:
         payload = ctx.payload
         if payload.remote:
-            raise self._fail(
-                "snapshots need a local engine: a remote engine's workspace is a volume "
-                "the host cannot read"
+            return ArchiveSnapshotter(
+                self.layout,
+                payload.workspace,
+                lambda name: ctx.stamp(attrs.evolve(payload, workspace=name)),
+                engine=self.engine,
+                container=box.get,
+                gate=gate,
+                user=payload.options.user,
+                uid_gid=payload.options.uid_gid,
+                new_workspace=lambda fill: self._remote_branch(payload, fill),
             )
         return DockerSnapshotter(
             self.layout,
@@ -401,6 +434,30 @@ class _DockerBuilder:
             user=payload.options.user,
             uid_gid=payload.options.uid_gid,
         )
+
+    async def _remote_branch(
+        self, payload: DockerRefPayload, fill: Callable[[str], Awaitable[None]]
+    ) -> str:
+        """A new remote workspace volume, filled by ``fill`` through a container on it.
+
+        The container is removed afterwards; resolving the branch's ref
+        starts the workspace's own. On failure the volume goes too.
+        """
+        session_part = payload.workspace[len("ws-") : -len("-xxxxxxxx")]
+        name = f"ws-{session_part}-{_token()}"
+        branch = attrs.evolve(payload, workspace=name)
+        labels = {**owner_labels(), LABEL_SESSION: ""}
+        await self._prepare(branch, "", labels, fresh=True)
+        box = self._container(branch, labels)
+        try:
+            await fill(await box.replace())
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await box.remove()
+                await self.engine.remove_volume(_volume(name))
+            raise
+        await box.remove()
+        return name
 
     def _container(
         self, payload: DockerRefPayload, labels: Mapping[str, str]

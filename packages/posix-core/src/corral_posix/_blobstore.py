@@ -65,8 +65,11 @@ class BlobStore(Protocol):
         """Store the rest of an open file; return ``(digest, size, bytes newly stored)``."""
         ...
 
-    def copy_verified(self, digest: str, dst_fd: int) -> int:
+    def copy_verified(self, digest: str, dst_fd: int, size_hint: int = 0) -> int:
         """Write the blob's content to ``dst_fd``, verifying it; return its size.
+
+        ``size_hint`` (the size a manifest recorded) lets a small blob be
+        read in one call; a wrong hint costs only speed.
 
         Raises:
             BlobError: The blob is missing or corrupt (``dst_fd`` then holds
@@ -139,6 +142,20 @@ class LocalBlobStore:
     def __init__(self, root: str) -> None:
         self.root = root
         os.makedirs(os.path.join(root, "tmp"), mode=0o700, exist_ok=True)
+        self._root_fd: int | None = None
+        # Whether FICLONE may work here: one refusal settles it for the store,
+        # so a filesystem without reflinks does not pay a failing ioctl per file.
+        self._can_clone = True
+
+    def close(self) -> None:
+        """Release the store's directory fd (reopened on demand)."""
+        if self._root_fd is not None:
+            os.close(self._root_fd)
+            self._root_fd = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
 
     def _path(self, digest: str) -> str:
         if not BLOB_NAME.fullmatch(digest):
@@ -165,9 +182,32 @@ class LocalBlobStore:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o400)
         return tmp, fd
 
+    def _holds(self, digest: str, data: bytes | None) -> bool:
+        """Whether a sound blob of that name is stored (``data``: its expected content).
+
+        Deduplication is a read too: a new version must never point at a
+        blob that was damaged after an older version stored it. A damaged
+        one is replaced by the caller (rename over it), which also heals it
+        for the older versions.
+        """
+        try:
+            fd = self._open(digest)
+        except BlobError:
+            return False
+        try:
+            if data is not None:
+                # A regular file's read returns all it has; one byte more shows a longer blob.
+                return os.read(fd, len(data) + 1) == data
+            hasher = hashlib.sha256()
+            while chunk := os.read(fd, _CHUNK):
+                hasher.update(chunk)
+            return hasher.hexdigest() == digest
+        finally:
+            os.close(fd)
+
     def put(self, digest: str, data: bytes) -> int:
-        """Store ``data`` under ``digest`` unless present; return the bytes newly stored."""
-        if self.has(digest):
+        """Store ``data`` under ``digest`` unless a sound copy is there; return the bytes stored."""
+        if self._holds(digest, data):
             return 0
         tmp, fd = self._tmp()
         try:
@@ -200,36 +240,53 @@ class LocalBlobStore:
             raise
         os.close(fd)
         digest = hasher.hexdigest()
-        if self.has(digest):
+        if self._holds(digest, None):
             os.unlink(tmp)
             return digest, size, 0
         self._commit(tmp, digest)
         return digest, size, size
 
     def _open(self, digest: str) -> int:
-        try:
-            return os.open(self._path(digest), _READ)
-        except FileNotFoundError:
-            raise BlobError(digest, "missing") from None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise BlobError(digest, "corrupt") from None
-            raise
+        if not BLOB_NAME.fullmatch(digest):
+            raise BlobError(digest if digest.isalnum() else "?", "missing")
+        rel = f"{digest[:2]}/{digest[2:]}"
+        for attempt in range(2):
+            if self._root_fd is None:
+                self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                # Relative to the store's fd: two lookups, not the whole path's.
+                return os.open(rel, _READ, dir_fd=self._root_fd)
+            except FileNotFoundError:
+                if attempt or os.fstat(self._root_fd).st_nlink:
+                    raise BlobError(digest, "missing") from None
+                self.close()  # the store directory was replaced: look it up again
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise BlobError(digest, "corrupt") from None
+                raise
+        raise BlobError(digest, "missing")
 
-    def copy_verified(self, digest: str, dst_fd: int) -> int:
+    def copy_verified(self, digest: str, dst_fd: int, size_hint: int = 0) -> int:
         """Copy (or reflink) the blob into ``dst_fd``, verifying every byte."""
         src = self._open(digest)
         try:
             hasher = hashlib.sha256()
             size = 0
-            cloned = clone_or_copy(src, dst_fd)
-            while chunk := os.read(src, _CHUNK):
+            cloned = False
+            if self._can_clone:
+                cloned = clone_or_copy(src, dst_fd)
+                self._can_clone = cloned
+            want = min(size_hint, _CHUNK) + 1
+            while chunk := os.read(src, want):
                 hasher.update(chunk)
                 size += len(chunk)
                 if not cloned:
                     view = memoryview(chunk)
                     while view:
                         view = view[os.write(dst_fd, view) :]
+                if len(chunk) < want:
+                    break  # a short read of a regular file is its end
+                want = _CHUNK
         finally:
             os.close(src)
         if hasher.hexdigest() != digest:

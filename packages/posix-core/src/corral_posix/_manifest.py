@@ -7,23 +7,33 @@ its size grows with the number of entries, never with their depth -- a
 entry holds its type (``f`` file, ``d`` directory, ``l`` symlink), its
 permission bits, its size, and its data: the content hash of a file (a
 blob name) or the target of a symlink, stored as data and never followed.
-Each entry also keeps the ``(dev, ino, size, mtime_ns, ctime_ns)`` key the
-file had when it was hashed, so the next snapshot of the same workspace can
-recognise it unchanged without reading it (restic's and git's index rule).
+Each entry also keeps the ``(st_mode, dev, ino, size, mtime_ns, ctime_ns)``
+key it had when it was recorded, so the next snapshot (or a restore) of the
+same workspace can recognise it unchanged without reading it (restic's and
+git's index rule), a whole directory at a time: a directory whose live
+listing equals the recorded keys of its children is taken over in bulk.
 
-On disk it is one UTF-8 (``surrogateescape``) string of NUL-separated
-fields: names and symlink targets cannot contain NUL, so no escaping is
-needed and parsing is one ``split``. The file sits in the workspace's state
-area (which the workspace's user may be able to write), so :func:`decode`
-treats it as hostile: every field is checked, caps apply, and the
-manifest's SHA-256, recorded in the version's metadata, is verified first.
+On disk (format 2) it is columnar: a count, then one length-prefixed
+section per column -- integers as little-endian machine arrays, names and
+data as NUL-separated UTF-8 (``surrogateescape``; names and symlink targets
+cannot contain NUL). Encoding and decoding 100,000 entries is a few C-level
+passes, not a Python loop per field. Format 1 (one NUL-separated string of
+seven fields per entry) is still read; its keys are not trusted. The file
+sits in the workspace's state area (which the workspace's user may be able
+to write), so :func:`decode` treats it as hostile: every field is checked,
+caps apply, and the manifest's SHA-256, recorded in the version's metadata,
+is verified first.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
+import itertools
+import operator
 import stat as stat_mod
+import struct
+import sys
+from array import array
 from collections.abc import Iterator
 from typing import Final, Literal
 
@@ -38,10 +48,28 @@ __all__ = [
     "ManifestError",
     "decode",
     "diff",
+    "key_of",
+    "referenced_blobs",
 ]
 
 MAGIC: Final = "corral-manifest-1"
+MAGIC2: Final = b"corral-manifest-2\n"
 _FIELDS: Final = 7
+_LEN: Final = struct.Struct("<Q")
+_TYPECODES: Final = {
+    "parent": "q",
+    "mode": "q",
+    "size": "q",
+}
+_INT_COLUMNS: Final = tuple(_TYPECODES)
+_KEY: Final = struct.Struct("<QQQqqq")
+_NO_KEY: Final = (0, 0, 0, 0, 0, 0)
+Key = tuple[int, int, int, int, int, int]
+"""``(st_mode, st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)`` of an entry."""
+key_of: Final = operator.attrgetter(
+    "st_mode", "st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns"
+)
+"""The :data:`Key` of a stat result, built in C."""
 _KINDS: Final[dict[str, FileType]] = {"f": "file", "d": "dir", "l": "symlink"}
 Kind = Literal["f", "d", "l"]
 
@@ -61,8 +89,9 @@ class Manifest:
         mode: Permission bits (``& 0o777``; never setuid, setgid or sticky).
         size: File size, or the symlink target's length; 0 for directories.
         data: Content hash of a file, target of a symlink, ``""`` for a directory.
-        key: ``dev:ino:size:mtime_ns:ctime_ns`` when the entry was hashed, or
-            ``""`` when it must not be trusted to recognise the file later.
+        key: The entry's :data:`Key` when it was recorded, or None when it
+            must not be trusted to recognise the entry later (written too
+            close to the scan, or read from a format-1 manifest).
     """
 
     parent: list[int] = attrs.field(factory=list)
@@ -71,15 +100,18 @@ class Manifest:
     mode: list[int] = attrs.field(factory=list)
     size: list[int] = attrs.field(factory=list)
     data: list[str] = attrs.field(factory=list)
-    key: list[str] = attrs.field(factory=list)
+    key: list[Key | None] = attrs.field(factory=list)
     _kids: list[dict[str, int] | None] | None = attrs.field(default=None, repr=False)
+    _file_bytes: int | None = attrs.field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.parent)
 
     @property
     def file_bytes(self) -> int:
-        """Total size of the files' contents."""
+        """Total size of the files' contents (known without a pass when a scan built it)."""
+        if self._file_bytes is not None:
+            return self._file_bytes
         return sum(s for s, k in zip(self.size, self.kind, strict=True) if k == "f")
 
     def children(self, idx: int) -> dict[str, int]:
@@ -168,20 +200,21 @@ class Manifest:
         return {d for d, k in zip(self.data, self.kind, strict=True) if k == "f"}
 
     def encode(self) -> bytes:
-        """The on-disk form."""
-        fields: list[str] = [MAGIC]
-        for row in zip(
-            self.parent,
-            self.name,
-            self.kind,
-            self.mode,
-            self.size,
-            self.data,
-            self.key,
-            strict=True,
-        ):
-            fields.extend(map(str, row))
-        return "\0".join(fields).encode("utf-8", "surrogateescape")
+        """The on-disk form (format 2, see the module docstring)."""
+        parts = [MAGIC2, _LEN.pack(len(self.parent))]
+        for name, column in zip(_INT_COLUMNS, (self.parent, self.mode, self.size), strict=True):
+            arr = array(_TYPECODES[name], column)
+            if sys.byteorder != "little":
+                arr.byteswap()
+            parts.extend((_LEN.pack(len(arr) * arr.itemsize), arr.tobytes()))
+        keys = b"".join(
+            itertools.starmap(_KEY.pack, (_NO_KEY if k is None else k for k in self.key))
+        )
+        parts.extend((_LEN.pack(len(keys)), keys))
+        for text in ("".join(self.kind), "\0".join(self.name), "\0".join(self.data)):
+            raw = text.encode("utf-8", "surrogateescape")
+            parts.extend((_LEN.pack(len(raw)), raw))
+        return b"".join(parts)
 
     def digest(self, encoded: bytes) -> str:
         """SHA-256 of an encoded manifest (recorded in the version's metadata)."""
@@ -193,10 +226,10 @@ class Builder:
 
     def __init__(self, root_mode: int) -> None:
         self.m = Manifest()
-        self.add(-1, "", "d", root_mode, 0, "", "")
+        self.add(-1, "", "d", root_mode, 0, "", None)
 
     def add(  # noqa: PLR0917 -- one positional slot per manifest column
-        self, parent: int, name: str, kind: str, mode: int, size: int, data: str, key: str
+        self, parent: int, name: str, kind: str, mode: int, size: int, data: str, key: Key | None
     ) -> int:
         """Append one entry; return its index."""
         m = self.m
@@ -214,16 +247,7 @@ def _bad(why: str) -> ManifestError:
     return ManifestError(f"the version's manifest is damaged or unsafe ({why})")
 
 
-def decode(  # noqa: PLR0915 -- one validating pass reads best whole
-    raw: bytes, *, max_entries: int, max_bytes: int
-) -> Manifest:
-    """Parse and validate a stored manifest.
-
-    Raises:
-        ManifestError: Damaged, unsafe (names that escape, setuid bits, a
-            parent after its child, duplicates) or over a cap (a restore
-            bomb): refused before anything is written.
-    """
+def _split_v1(raw: bytes, max_entries: int) -> Manifest:
     try:
         text = raw.decode("utf-8", "surrogateescape")
     except UnicodeDecodeError:
@@ -232,10 +256,7 @@ def decode(  # noqa: PLR0915 -- one validating pass reads best whole
     if fields[0] != MAGIC or (len(fields) - 1) % _FIELDS:
         raise _bad("format")
     count = (len(fields) - 1) // _FIELDS
-    if count < 1:
-        raise _bad("no root")
-    if count > max_entries:
-        raise ManifestError(f"the version holds more than {max_entries} entries; refused")
+    _check_count(count, max_entries)
     m = Manifest()
     try:
         m.parent = [int(x) for x in fields[1::_FIELDS]]
@@ -246,41 +267,131 @@ def decode(  # noqa: PLR0915 -- one validating pass reads best whole
     m.name = fields[2::_FIELDS]
     m.kind = fields[3::_FIELDS]
     m.data = fields[6::_FIELDS]
-    m.key = fields[7::_FIELDS]
+    m.key = [None] * count  # format 1 keys are not trusted: the next snapshot reads once
+    return m
+
+
+def _check_count(count: int, max_entries: int) -> None:
+    if count < 1:
+        raise _bad("no root")
+    if count > max_entries:
+        raise ManifestError(f"the version holds more than {max_entries} entries; refused")
+
+
+def _split_v2(raw: bytes, max_entries: int) -> Manifest:
+    view = memoryview(raw)
+    pos = len(MAGIC2)
+    if len(raw) < pos + _LEN.size:
+        raise _bad("format")
+    (count,) = _LEN.unpack_from(raw, pos)
+    pos += _LEN.size
+    _check_count(count, max_entries)
+    sections: list[memoryview] = []
+    for _ in range(len(_INT_COLUMNS) + 4):
+        if len(raw) < pos + _LEN.size:
+            raise _bad("format")
+        (length,) = _LEN.unpack_from(raw, pos)
+        pos += _LEN.size
+        if length > len(raw) - pos:
+            raise _bad("format")
+        sections.append(view[pos : pos + length])
+        pos += length
+    if pos != len(raw):
+        raise _bad("format")
+    ints: dict[str, list[int]] = {}
+    for name, section in zip(_INT_COLUMNS, sections, strict=False):
+        arr = array(_TYPECODES[name])
+        if len(section) != count * arr.itemsize:
+            raise _bad("format")
+        arr.frombytes(section)
+        if sys.byteorder != "little":
+            arr.byteswap()
+        ints[name] = arr.tolist()
+    keys = sections[len(_INT_COLUMNS)]
+    if len(keys) != count * _KEY.size:
+        raise _bad("format")
+    try:
+        kind, names, data = (
+            bytes(x).decode("utf-8", "surrogateescape") for x in sections[len(_INT_COLUMNS) + 1 :]
+        )
+    except UnicodeDecodeError:
+        raise _bad("encoding") from None
+    m = Manifest()
+    m.parent, m.mode, m.size = ints["parent"], ints["mode"], ints["size"]
+    m.kind = list(kind)
+    m.name = names.split("\0")
+    m.data = data.split("\0")
+    if len(m.kind) != count or len(m.name) != count or len(m.data) != count:
+        raise _bad("format")
+    m.key = [k if k[0] else None for k in _KEY.iter_unpack(keys)]
+    return m
+
+
+_HEX: Final = frozenset("0123456789abcdef")
+
+
+def decode(raw: bytes, *, max_entries: int, max_bytes: int) -> Manifest:
+    """Parse and validate a stored manifest (format 2, or format 1 of earlier versions).
+
+    Every check runs as a few C-level passes over whole columns, so a
+    100,000-entry manifest validates in milliseconds.
+
+    Raises:
+        ManifestError: Damaged, unsafe (names that escape, setuid bits, a
+            parent after its child, duplicates) or over a cap (a restore
+            bomb): refused before anything is written.
+    """
+    m = _split_v2(raw, max_entries) if raw.startswith(MAGIC2) else _split_v1(raw, max_entries)
+    count = len(m.parent)
     if m.parent[0] != -1 or m.name[0] != "" or m.kind[0] != "d":
         raise _bad("root")
-    total = 0
-    seen: set[tuple[int, str]] = set()
-    for i in range(count):
-        kind, mode, size, data = m.kind[i], m.mode[i], m.size[i], m.data[i]
-        if kind not in _KINDS or not 0 <= mode <= 0o777 or size < 0:
-            raise _bad("entry")
-        if i:
-            parent, name = m.parent[i], m.name[i]
-            if not 0 <= parent < i or m.kind[parent] != "d":
-                raise _bad("parent")
-            if (
-                not name
-                or name in (".", "..")
-                or "/" in name
-                or len(name.encode("utf-8", "surrogateescape")) > 255
-            ):
-                raise _bad("name")
-            if (parent, name) in seen:
-                raise _bad("duplicate")
-            seen.add((parent, name))
-        if kind == "f":
-            if len(data) != 64 or not all(c in "0123456789abcdef" for c in data):
-                raise _bad("hash")
-            total += size
-            if total > max_bytes:
-                raise ManifestError(f"the version holds more than {max_bytes} bytes; refused")
-        elif kind == "l":
-            if not data or len(data) > 4095:
+    if not set(m.kind) <= _KINDS.keys():
+        raise _bad("entry")
+    if min(m.mode) < 0 or max(m.mode) > 0o777 or min(m.size) < 0:
+        raise _bad("entry")
+    parents = m.parent[1:]
+    if parents and (
+        min(parents) < 0
+        or not all(map(operator.lt, parents, range(1, count)))
+        or {m.kind[p] for p in set(parents)} != {"d"}
+    ):
+        raise _bad("parent")
+    names = m.name[1:]
+    joined = "".join(names)
+    if "/" in joined or not all(names) or "." in names or ".." in names:
+        raise _bad("name")
+    if max(map(len, names), default=0) > 63 and any(
+        len(n.encode("utf-8", "surrogateescape")) > 255 for n in names if len(n) > 63
+    ):
+        raise _bad("name")
+    if len(set(zip(parents, names, strict=True))) != len(names):
+        raise _bad("duplicate")
+    files = [i for i, k in enumerate(m.kind) if k == "f"]
+    hashes = [m.data[i] for i in files]
+    if any(len(h) != 64 for h in hashes) or not set("".join(hashes)) <= _HEX:
+        raise _bad("hash")
+    if sum(m.size[i] for i in files) > max_bytes:
+        raise ManifestError(f"the version holds more than {max_bytes} bytes; refused")
+    for i, k in enumerate(m.kind):
+        if k == "l":
+            if not m.data[i] or len(m.data[i]) > 4095:
                 raise _bad("link")
-        elif data:
+        elif k == "d" and m.data[i]:
             raise _bad("dir")
     return m
+
+
+def referenced_blobs(raw: bytes) -> set[str]:
+    """The blob names a stored manifest refers to, read leniently (for garbage collection).
+
+    A manifest that cannot be parsed refers to nothing usable: its version
+    fails its integrity check anyway.
+    """
+    try:
+        m = _split_v2(raw, sys.maxsize) if raw.startswith(MAGIC2) else _split_v1(raw, sys.maxsize)
+    except ManifestError:
+        return set()
+    return m.hashes()
 
 
 def _same(a: Manifest, i: int, b: Manifest, j: int) -> bool:
@@ -366,11 +477,6 @@ def diff(old: Manifest, new: Manifest) -> list[VersionChange]:
                 )
     out.sort(key=lambda c: c.path)
     return out
-
-
-def st_key(st: os.stat_result) -> str:
-    """The change-detection key of a stat result."""
-    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
 
 def kind_of(mode: int) -> str | None:

@@ -77,9 +77,16 @@ from corral.provider import (
 from ._blobstore import BLOB_NAME, BlobError, LocalBlobStore, syncfs
 from ._fileops import where
 from ._layout import TmpdirLayout, TmpdirRefPayload, remove_tree
-from ._manifest import Manifest, ManifestError, decode, diff, operation_error
+from ._manifest import (
+    Manifest,
+    ManifestError,
+    decode,
+    diff,
+    operation_error,
+    referenced_blobs,
+)
 from ._tarball import extract_tree
-from ._versions import RACY_NS, Caps, apply, scan
+from ._versions import Caps, apply, scan
 
 __all__ = ["MAX_LABEL_LENGTH", "Reattachable", "TmpdirSnapshotter", "exchange_dirs", "store_path"]
 
@@ -256,6 +263,8 @@ class TmpdirSnapshotter:
     def close(self) -> None:
         """Refuse further calls (the workspace is closing)."""
         self._closed = True
+        if self._blobs is not None:
+            self._blobs.close()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -427,7 +436,9 @@ class TmpdirSnapshotter:
             fd = os.open(staging, _DIR_FLAGS)
             try:
                 with self._store_lock(fcntl.LOCK_SH):
-                    manifest, skipped = scan(fd, None, self._store(), self._caps, 0)
+                    manifest, skipped = scan(fd, None, self._store(), self._caps, time.time_ns())
+                    # Keys of the staging tree would describe files that are gone.
+                    manifest.key = [None] * len(manifest)
                     self._store().sync()
                     info = attrs.evolve(meta.info, size_bytes=manifest.file_bytes)
                     digest = self._commit(snap_id, manifest, info, 0, skipped)
@@ -455,6 +466,22 @@ class TmpdirSnapshotter:
 
     # -- snapshot ------------------------------------------------------------
 
+    def _scan_live(
+        self,
+        prev: Manifest | None,
+        blobs: LocalBlobStore | None,
+        scan_ns: int,
+        progress: ProgressReporter | None,
+    ) -> tuple[Manifest, builtins.list[str]]:
+        """The live tree's manifest (new content stored in ``blobs`` unless None).
+
+        The one place the live tree is read for a snapshot or a diff: a
+        subclass whose tree is not a host directory (a remote engine's
+        volume) overrides it.
+        """
+        with self._root_fd() as root_fd:
+            return scan(root_fd, prev, blobs, self._caps, scan_ns, progress=progress)
+
     def _snapshot_sync(
         self, label: str | None, on_progress: ProgressCallback | None
     ) -> SnapshotInfo:
@@ -469,10 +496,10 @@ class TmpdirSnapshotter:
             created = time.time()
             scan_ns = time.time_ns()
             index = self._latest_index()
-            prev, trust = (index[0], index[1] - RACY_NS) if index is not None else (None, 0)
+            prev = index[0] if index is not None else None
             blobs = self._store()
-            with self._root_fd() as root_fd, self._store_lock(fcntl.LOCK_SH):
-                manifest, skipped = scan(root_fd, prev, blobs, self._caps, trust, progress=progress)
+            with self._store_lock(fcntl.LOCK_SH):
+                manifest, skipped = self._scan_live(prev, blobs, scan_ns, progress)
                 blobs.sync()
                 info = SnapshotInfo(
                     snapshot_id=snap_id,
@@ -570,10 +597,7 @@ class TmpdirSnapshotter:
                             os.unlink(path)
                         continue
                     with open(path, "rb") as f:
-                        fields = f.read().decode("utf-8", "surrogateescape").split("\0")
-                    keep.update(
-                        d for k, d in zip(fields[3::7], fields[6::7], strict=False) if k == "f"
-                    )
+                        keep.update(referenced_blobs(f.read()))
             removed = 0
             for digest in list(blobs.names()):
                 if digest not in keep:
@@ -605,15 +629,26 @@ class TmpdirSnapshotter:
         index = self._latest_index()
         _write_atomic(self._journal(), snapshot_id.encode())
         with self._root_fd() as root_fd:
-            apply(
-                root_fd,
-                target,
-                index[0] if index else None,
-                self._store(),
-                snapshot_id,
-                owner=self._owner,
-                progress=progress,
-            )
+            try:
+                apply(
+                    root_fd,
+                    target,
+                    index[0] if index else None,
+                    self._store(),
+                    snapshot_id,
+                    owner=self._owner,
+                    progress=progress,
+                )
+            except OperationError as exc:
+                # Not a crash: the walk stopped on purpose (damaged content, a
+                # tree changing under it). The journal exists to finish a crashed
+                # restore; left behind, it would replay this failure before every
+                # later snapshot or restore and lock the workspace up.
+                os.unlink(self._journal())
+                raise OperationError(
+                    f"{exc}; the restore stopped there (entries before it may already be restored)",
+                    code=exc.code,
+                ) from None
             syncfs(root_fd)
         os.unlink(self._journal())
         if self._after_extract is not None:
@@ -634,7 +669,11 @@ class TmpdirSnapshotter:
             os.unlink(self._journal())
             return
         log.warning("snapshot: finishing a restore that was interrupted")
-        self._apply_locked(snapshot_id, target)
+        try:
+            self._apply_locked(snapshot_id, target)
+        except OperationError:
+            # _apply_locked dropped the journal: the next operation goes ahead.
+            log.warning("snapshot: the interrupted restore cannot be finished; left as it is")
 
     def recover_sync(self) -> None:
         """Finish a restore a crash interrupted (blocking; run it at resolve)."""
@@ -703,6 +742,7 @@ class TmpdirSnapshotter:
                     snapshot_id,
                     owner=self._owner,
                     progress=progress,
+                    fresh=True,
                 )
             finally:
                 os.close(fd)
@@ -739,6 +779,40 @@ class TmpdirSnapshotter:
         callback = on_progress if on_progress is not None else current_progress_callback()
         new_name = await anyio.to_thread.run_sync(self._branch_sync, snapshot_id, callback)
         return self._make_ref(new_name)
+
+    # -- conformance hook ----------------------------------------------------
+
+    def _damage_sync(self, snapshot_id: str, path: str, how: str) -> None:
+        manifest, _t, idx, parts = self._at(snapshot_id, path)
+        if manifest.kind[idx] != "f":
+            raise OperationError(f"{where(parts)} is not a file", code="invalid_argument")
+        blob = os.path.join(self._store().root, manifest.data[idx][:2], manifest.data[idx][2:])
+        if how == "missing":
+            os.unlink(blob)
+            return
+        os.chmod(blob, 0o600)
+        with open(blob, "r+b") as f:
+            first = f.read(1)
+            f.seek(0)
+            f.write(bytes([first[0] ^ 0xFF]) if first else b"\0")
+        os.chmod(blob, 0o400)
+
+    async def conformance_damage(self, snapshot_id: str, path: str, how: str) -> None:
+        """Damage the stored content of one file of a version (for the integrity rule).
+
+        The hook ``corral-conformance``'s ``snapshot.versions.integrity`` rule
+        calls, so it can damage a version without knowing where this store
+        keeps it. Never exposed as a tool. The blob may be shared with other
+        files and versions of identical content: they are damaged too.
+
+        Args:
+            snapshot_id: The version.
+            path: A file in it.
+            how: ``"corrupt"`` (flip its first byte) or ``"missing"`` (delete it).
+        """
+        if how not in ("corrupt", "missing"):
+            raise ValueError("how must be 'corrupt' or 'missing'")
+        await anyio.to_thread.run_sync(self._damage_sync, snapshot_id, path, how)
 
     # -- reading versions ----------------------------------------------------
 
@@ -884,9 +958,8 @@ class TmpdirSnapshotter:
             new, _meta = self._manifest(b)
         else:
             index = self._latest_index()
-            prev, trust = (index[0], index[1] - RACY_NS) if index is not None else (None, 0)
-            with self._root_fd() as root_fd:
-                new, _skipped = scan(root_fd, prev, None, self._caps, trust)
+            prev = index[0] if index is not None else None
+            new, _skipped = self._scan_live(prev, None, time.time_ns(), None)
         return diff(old, new)
 
     async def diff(self, a: str, b: str | None = None) -> Sequence[VersionChange]:
