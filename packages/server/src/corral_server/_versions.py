@@ -1,0 +1,183 @@
+"""Versions of a durable workspace: manifests in the blob store, read without a live box.
+
+A version is a manifest (JSON: agent path -> ``[type, mode, size, digest]``)
+stored as a blob, plus a row in the store naming it. It is taken from a live
+workspace through the provider contract only (its ``fs`` module: ``ls``,
+``stat``, ``read_file``), so any provider works, and written back into a
+freshly opened box the same way. Reads (``read``/``ls``/``stat``) need just
+the manifest and the blobs: no provider is opened.
+
+The service owns these versions (not the provider's own snapshot store):
+a materialization is closed at stop, which releases the provider's data,
+and the next materialization may be on another provider instance, machine
+or replica.
+
+Limits of the contract-only copy, stated: symlinks and special files are
+not carried (a version records files and directories), and permission modes
+are recorded and reported but not re-applied on materialize (``FileSystem``
+has no chmod).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, Final
+
+import anyio
+import anyio.to_thread
+
+from corral.provider import (
+    FileEntry,
+    FileStat,
+    FileSystem,
+    OperationError,
+    join_path,
+    path_parts,
+)
+
+from ._blobs import BlobStore
+from ._errors import ServiceError
+
+__all__ = ["EMPTY_MANIFEST", "Manifest", "VersionReader", "capture", "restore"]
+
+Manifest = dict[str, tuple[str, int, int, str]]
+"""Agent path -> (type, mode, size, digest); ``/`` is always a directory."""
+
+EMPTY_MANIFEST: Final[Manifest] = {"/": ("dir", 0o755, 0, "")}
+MAX_ENTRIES: Final = 200_000
+_CACHE: Final = 256
+
+
+def encode(manifest: Manifest) -> bytes:
+    """The stored form of a manifest (sorted, compact JSON)."""
+    body = {"v": 1, "entries": {p: list(e) for p, e in sorted(manifest.items())}}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode(raw: bytes) -> Manifest:
+    """Parse a stored manifest (it was verified by digest on the way in)."""
+    body = json.loads(raw)
+    if not isinstance(body, dict) or body.get("v") != 1:
+        raise ServiceError("a stored version has an unknown format", code="failed")
+    return {p: (e[0], int(e[1]), int(e[2]), e[3]) for p, e in body["entries"].items()}
+
+
+def _clean(path: object) -> str:
+    """An agent path normalised (``src/a`` and ``/src/a`` are the same file)."""
+    if not isinstance(path, str) or len(path) > 4096:
+        raise ServiceError("path must be a string of at most 4096 characters")
+    try:
+        parts = path_parts(path)
+    except OperationError:
+        raise ServiceError("path is not a valid workspace path") from None
+    return "/" + "/".join(parts)
+
+
+class VersionReader:
+    """Reads files of versions from their manifests and the blob store (no live box).
+
+    Parsed manifests are cached (they are immutable), so a read after the
+    first one of a version costs one blob read.
+    """
+
+    def __init__(self, blobs: BlobStore) -> None:
+        self._blobs = blobs
+        self._cache: OrderedDict[str, Manifest] = OrderedDict()
+
+    def manifest_sync(self, digest: str) -> Manifest:
+        """A version's manifest (blocking; cached)."""
+        hit = self._cache.get(digest)
+        if hit is not None:
+            self._cache.move_to_end(digest)
+            return hit
+        manifest = decode(self._blobs.get(digest))
+        self._cache[digest] = manifest
+        while len(self._cache) > _CACHE:
+            self._cache.popitem(last=False)
+        return manifest
+
+    def _entry(self, digest: str, path: object) -> tuple[str, tuple[str, int, int, str]]:
+        clean = _clean(path)
+        entry = self.manifest_sync(digest).get(clean)
+        if entry is None:
+            raise ServiceError("no such file or directory in that version", code="not_found")
+        return clean, entry
+
+    def read_sync(self, digest: str, path: object, max_bytes: int) -> bytes:
+        """A file's content in a version."""
+        _, (kind, _mode, size, blob) = self._entry(digest, path)
+        if kind != "file":
+            raise ServiceError("that path is a directory", code="invalid_argument")
+        if size > max_bytes:
+            raise ServiceError(f"the file is larger than {max_bytes} bytes", code="too_large")
+        return self._blobs.get(blob, max_bytes)
+
+    def stat_sync(self, digest: str, path: object, mtime: float) -> FileStat:
+        """A path's metadata in a version (``mtime`` is the version's time)."""
+        clean, (kind, mode, size, _blob) = self._entry(digest, path)
+        return FileStat(path=clean, type=kind, size=size, mtime=mtime, mode=mode)  # type: ignore[arg-type]
+
+    def ls_sync(self, digest: str, path: object) -> list[FileEntry]:
+        """A directory's entries in a version, sorted by name."""
+        clean, (kind, *_rest) = self._entry(digest, path)
+        if kind != "dir":
+            raise ServiceError("that path is not a directory", code="invalid_argument")
+        prefix = "/" if clean == "/" else clean + "/"
+        out = []
+        for p, (k, _m, size, _b) in self.manifest_sync(digest).items():
+            if p != "/" and p.startswith(prefix) and "/" not in p[len(prefix) :]:
+                out.append(FileEntry(name=p[len(prefix) :], path=p, type=k, size=size))  # type: ignore[arg-type]
+        return sorted(out, key=lambda e: e.name)
+
+
+async def capture(fs: FileSystem, blobs: BlobStore) -> tuple[bytes, int, int]:
+    """Copy a live workspace's files into the blob store; return (manifest, files, bytes).
+
+    Raises:
+        ServiceError: ``too_large`` past :data:`MAX_ENTRIES` entries.
+    """
+    manifest: Manifest = {"/": ("dir", 0o755, 0, "")}
+    todo = ["/"]
+    files = total = 0
+    while todo:
+        folder = todo.pop()
+        entries: Sequence[FileEntry] = await fs.ls(folder)
+        for entry in entries:
+            if len(manifest) >= MAX_ENTRIES:
+                raise ServiceError(
+                    f"the workspace holds more than {MAX_ENTRIES} entries", code="too_large"
+                )
+            path = join_path(folder, entry.name)
+            if entry.type == "dir":
+                st = await fs.stat(path)
+                manifest[path] = ("dir", st.mode, 0, "")
+                todo.append(path)
+            elif entry.type == "file":
+                st = await fs.stat(path)
+                data = await fs.read_file(path)
+                digest = await anyio.to_thread.run_sync(blobs.put, data)
+                manifest[path] = ("file", st.mode, len(data), digest)
+                files += 1
+                total += len(data)
+    return encode(manifest), files, total
+
+
+async def restore(fs: FileSystem, blobs: BlobStore, manifest: Manifest) -> None:
+    """Write a version's directories and files into a freshly opened (empty) workspace."""
+    for path, (kind, *_rest) in sorted(manifest.items()):
+        if kind == "dir" and path != "/":
+            await fs.mkdir(path, parents=True)
+    for path, (kind, _mode, _size, digest) in sorted(manifest.items()):
+        if kind == "file":
+            data = await anyio.to_thread.run_sync(blobs.get, digest)
+            await fs.write_file(path, data)
+
+
+def manifest_json(manifest: Manifest) -> list[dict[str, Any]]:
+    """A manifest as a JSON list (for diagnostics)."""
+    return [
+        {"path": p, "type": k, "mode": m, "size": s}
+        for p, (k, m, s, _d) in sorted(manifest.items())
+    ]
