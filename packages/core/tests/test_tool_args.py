@@ -40,6 +40,8 @@ def builtin_specs() -> dict[str, tuple[str, Any]]:
     """Every built-in tool, under the same policies the 'before' file was dumped with."""
     out = {}
     for cap in BUILTIN_CAPABILITIES:
+        if cap.name not in BEFORE["policies"]:
+            continue  # born with generated schemas: no hand-written 'before' to compare
         options = BEFORE["policies"][cap.name]
         for spec in cap.tools(cap.parse_policy(options or True)):
             out[spec.name] = (cap.name, spec)
@@ -67,17 +69,22 @@ ADDED_SINCE = {"workspace_changes_since_snapshot", "workspace_read_file_at_snaps
 """Built-in tools added after the schemas were pinned (issue 16's versions)."""
 
 
+REDESCRIBED = {"workspace_run_code", "workspace_run_in_code_context"}
+"""Tools whose description changed on purpose since (issue 14: code results are
+notebook cells -- values, rich outputs, images, errors -- and the model is told so)."""
+
+
 def test_every_builtin_tool_kept_its_name_op_and_description() -> None:
     assert set(SPECS) == set(BEFORE["tools"]) | ADDED_SINCE
     for name, (capability, spec) in SPECS.items():
         if name in ADDED_SINCE:
             continue
         before = BEFORE["tools"][name]
-        assert (capability, spec.op, spec.description) == (
-            before["capability"],
-            before["op"],
-            before["description"],
-        ), name
+        assert (capability, spec.op) == (before["capability"], before["op"]), name
+        if name in REDESCRIBED:
+            assert spec.description != before["description"], f"{name} is no longer redescribed"
+        else:
+            assert spec.description == before["description"], name
 
 
 @pytest.mark.parametrize("name", sorted(BEFORE["tools"]))

@@ -211,8 +211,11 @@ async def _read_file(env: Env, args: ReadFileArgs) -> TextFile | BinaryFile:
         }
     lines = text.splitlines(keepends=True)
     offset, limit = args.offset, args.limit
-    window = lines[offset - 1 : offset - 1 + limit]
-    long_lines = any(len(line) > MAX_LINE_CHARS for line in window)
+    # The common case -- the whole of a file with short lines -- is the text
+    # itself: no per-line Python work (it was most of a small read's cost).
+    whole = offset == 1 and limit >= len(lines)
+    window = lines if whole else lines[offset - 1 : offset - 1 + limit]
+    long_lines = len(text) > MAX_LINE_CHARS and max(map(len, window), default=0) > MAX_LINE_CHARS
     if long_lines:
         window = [
             line[:MAX_LINE_CHARS] + "[... line truncated]\n" if len(line) > MAX_LINE_CHARS else line
@@ -222,7 +225,7 @@ async def _read_file(env: Env, args: ReadFileArgs) -> TextFile | BinaryFile:
     return {
         "path": path,
         "encoding": "utf-8",
-        "content": "".join(window),
+        "content": text if whole and not long_lines else "".join(window),
         "size": len(data),
         "total_lines": len(lines),
         "offset": offset,

@@ -379,6 +379,17 @@ class WorkspaceRegistry:
 
     # -- get ------------------------------------------------------------------
 
+    def live(self) -> ScopedWorkspace | None:
+        """The live workspace if it is open now, else None; never opens.
+
+        The tool layer's fast path: no coroutine per call when nothing needs opening.
+        """
+        ws = self._ws
+        scoped = self._scoped
+        if self._state == "open" and ws is not None and scoped is not None and scoped.inner is ws:
+            return scoped
+        return None
+
     async def get(self) -> ScopedWorkspace:
         """The live workspace, opening or resolving it first if needed.
 

@@ -13,12 +13,13 @@ workspace, a way to adopt a ref or report an eviction, and ``emit``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Final, Generic, Literal, Protocol, TypeVar, cast
+from typing import Final, Generic, Literal, NamedTuple, Protocol, TypeVar, cast
 
 import attrs
 from attrs import AttrsInstance
@@ -101,6 +102,10 @@ class ToolHost(Protocol):
         """The live workspace, opened or resolved on first use."""
         ...
 
+    def live(self) -> ScopedWorkspace | None:
+        """The live workspace if it is open now, else None; never opens (no await)."""
+        ...
+
     async def swap_ref(self, ref: WorkspaceRef) -> None:
         """Adopt another workspace of the same provider (restore, branch)."""
         ...
@@ -180,6 +185,10 @@ class _NoSessionControl:
         raise self._refuse()
 
 
+_NO_PROGRESS_SCOPE: Final = contextlib.nullcontext()
+"""Reusable (nullcontext keeps no state): one less object per call."""
+
+
 class _ViewCache:
     """The path view of the workspace a tool set last saw.
 
@@ -235,10 +244,23 @@ class _Env(Generic[PolicyT, ModuleT]):
         # The one trust point of the seam: the registry checked at open and
         # resolve that the provider populated this declared module, and the
         # capability's type parameter says which protocol it is.
-        return cast(ModuleT, (await self._host.get()).require(self._module))
+        host = self._host
+        ws = host.live() or await host.get()
+        return cast(ModuleT, ws.require(self._module))
 
     async def paths(self) -> PathView:
-        return self._views.get(await self._host.get())
+        host = self._host
+        return self._views.get(host.live() or await host.get())
+
+
+class _Binding(NamedTuple, Generic[PolicyT, ModuleT]):
+    """A tool spec bound to its capability's environment (built once per tool)."""
+
+    spec: ToolSpec[PolicyT, ModuleT]
+    env: ToolEnv[PolicyT, ModuleT]
+    capability: str
+    paths: tuple[str, ...]
+    """Argument names declared as workspace paths (see ``_locate_paths``)."""
 
 
 class WorkspaceToolset:
@@ -421,11 +443,10 @@ class WorkspaceToolset:
     def _bind(
         self, spec: ToolSpec[PolicyT, ModuleT], env: ToolEnv[PolicyT, ModuleT], capability: str
     ) -> Tool:
-        paths = path_fields(spec.args_type)
-
-        async def invoke(arguments: object, strict: bool) -> ToolResult:
-            return await self._invoke(spec, env, capability, arguments, paths=paths, strict=strict)
-
+        # A partial, not a closure around _invoke: one coroutine less per call.
+        invoke = functools.partial(
+            self._invoke, _Binding(spec, env, capability, path_fields(spec.args_type))
+        )
         return Tool(
             spec.name,
             spec.description,
@@ -438,15 +459,9 @@ class WorkspaceToolset:
         )
 
     async def _invoke(
-        self,
-        spec: ToolSpec[PolicyT, ModuleT],
-        env: ToolEnv[PolicyT, ModuleT],
-        capability: str,
-        arguments: object,
-        *,
-        paths: tuple[str, ...],
-        strict: bool = False,
+        self, binding: _Binding[PolicyT, ModuleT], arguments: object, strict: bool
     ) -> ToolResult:
+        spec, env, capability, paths = binding
         started = time.perf_counter()
         result: ToolResult | None = None
         call: PreparedCall[PolicyT, ModuleT] | None = None
@@ -457,7 +472,10 @@ class WorkspaceToolset:
                 located = await self._locate_paths(paths, arguments) if paths else None
                 if located is not None:
                     call = spec.prepare(located, strict=strict)
-                output = await self._with_eviction_retry(spec.name, call, env)
+                try:
+                    output = await call.run(env)
+                except WorkspaceEvictedError:
+                    output = await self._retry_after_eviction(spec.name, call, env)
             result = ToolResult(output.text, data=output.data, images=output.images)
         except OperationError as exc:
             result = ToolResult(exc.message, is_error=True, error_code=exc.code)
@@ -518,7 +536,7 @@ class WorkspaceToolset:
 
     def _progress_scope(self) -> contextlib.AbstractContextManager[None]:
         if self.on_progress is None:
-            return contextlib.nullcontext()
+            return _NO_PROGRESS_SCOPE
         return reporting_progress(self.on_progress)
 
     async def _locate_paths(
@@ -537,7 +555,8 @@ class WorkspaceToolset:
         ]
         if not absolute:
             return None
-        view = self._views.get(await self.registry.get())
+        host = self.registry
+        view = self._views.get(host.live() or await host.get())
         if view.root == "/":
             return None  # every absolute path already is a workspace path
         changed: dict[str, object] = {}
@@ -561,14 +580,12 @@ class WorkspaceToolset:
             if name in _NOTED_TOOLS:
                 self._tools[name] = attrs.evolve(tool, description=base + note)
 
-    async def _with_eviction_retry(
+    async def _retry_after_eviction(
         self, tool: str, call: PreparedCall[PolicyT, ModuleT], env: ToolEnv[PolicyT, ModuleT]
     ) -> ToolOutput:
+        """Run the call once more after the first run found the workspace evicted."""
         host = self.registry
-        try:
-            return await call.run(env)
-        except WorkspaceEvictedError:
-            host.mark_evicted()
+        host.mark_evicted()
         try:
             output = await call.run(env)
         except WorkspaceEvictedError:
