@@ -72,5 +72,9 @@ async def test_local_bash_keeps_its_guard(tmp_path: Path, case: str) -> None:
 def test_defaults_come_from_the_provider_spec_not_from_core() -> None:
     plugins = corral.default_plugins()
     for kind in ("local-sandbox", "docker"):
-        assert plugins.providers[kind].policy_defaults == {"shell": {"allow_shell_syntax": True}}
+        # A contained box: shell syntax is not the risk there, for commands or processes.
+        assert plugins.providers[kind].policy_defaults == {
+            "shell": {"allow_shell_syntax": True},
+            "process": {"allow_shell_syntax": True},
+        }
     assert plugins.providers["local-bash"].policy_defaults == {}

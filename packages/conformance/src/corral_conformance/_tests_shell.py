@@ -57,7 +57,8 @@ STDIN = define(
     _C,
     "stdin is delivered exactly (empty included); None gives the command an empty stdin "
     "(EOF at once). Up to 64 KiB must be delivered; more may be refused with invalid_argument "
-    "or too_large, never silently cut.",
+    "or too_large, never silently cut. Text that stands for no bytes (a lone surrogate) is "
+    "invalid_argument.",
 )
 CWD = define(
     "shell.cwd.semantics",
@@ -417,6 +418,11 @@ class AbstractShellTests:
                     f"stdin of {len(data or '')} chars came back as {len(result.stdout)} chars"
                     f" (first difference near {_first_diff(result.stdout, data or '')})"
                 )
+            with pytest.raises(OperationError) as lone:
+                await _run(h, shell, "cat", stdin="a\ud800b", allow_shell_syntax=False)
+            assert lone.value.code == "invalid_argument", (
+                f"stdin with a lone surrogate refused with code {lone.value.code!r}"
+            )
             huge = "y" * (1 << 20)
             refused: str | None = None
             try:

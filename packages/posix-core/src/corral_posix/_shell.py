@@ -182,7 +182,12 @@ class SubprocessShell:
         if request.stdin is not None:
             in_r, in_w = fds.pipe()
             os.set_blocking(in_w, False)
-            data = request.stdin.encode("utf-8", "surrogateescape")
+            try:
+                data = request.stdin.encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError:  # a lone surrogate that stands for no byte
+                raise OperationError(
+                    "stdin is not valid text (a lone surrogate)", code="invalid_argument"
+                ) from None
             # Most stdin fits in the pipe: no feeder task, and EOF right away.
             pending = data[write_now(in_w, data) :]
             if not pending:
