@@ -21,11 +21,16 @@ import anyio
 
 from _harness import Ctx, Row
 from _report import machine, table, write_json
+from rows_code import code_rows
+from rows_docker_process import docker_process_rows
 from rows_exec import open_rows, run_rows
 from rows_fs import fs_rows
 from rows_grep import grep_rows
+from rows_process import process_rows
+from rows_ray import ray_rows
 from rows_scale import scale_rows
 from rows_script import script_rows
+from rows_server import server_rows
 from rows_snapshot import snapshot_rows
 from rows_versions import versions_rows
 
@@ -39,6 +44,11 @@ GROUPS: dict[str, tuple[str, Callable[[Ctx], Awaitable[list[Row]]]]] = {
     "scale": ("6", scale_rows),
     "script": ("7", script_rows),
     "versions": ("8", versions_rows),
+    "process": ("10", process_rows),
+    "dockerproc": ("11", docker_process_rows),
+    "ray": ("12", ray_rows),
+    "code": ("13", code_rows),
+    "server": ("14", server_rows),
 }
 
 

@@ -12,6 +12,7 @@ declare -A module=(
   [corral_isolate]=corral_isolate [corral_inspect]=corral_inspect
   [corral_pydantic_ai]=corral_pydantic_ai [corral_openai_agents]=corral_openai_agents
   [corral_langchain]=corral_langchain [corral_deepagents]=corral_deepagents
+  [corral_ray]=corral_ray [corral_server]=corral_server
 )
 status=0
 for wheel in "$dist"/*.whl; do

@@ -4,7 +4,7 @@ A *rule* is one normative sentence of the contract (``corral._protocols``,
 ``corral._data``, ``corral._refs``, ``corral._errors``, the core README, the
 provider guide), given a dotted id grouped by area (``refs.*``,
 ``sessions.*``, ``lifecycle.*``, ``errors.*``, ``fs.*``, ``shell.*``,
-``snapshot.*``). Test modules register their rules at import time with
+``snapshot.*``, ``script.*``, ``process.*``). Test modules register their rules at import time with
 :func:`define` and tag each test with :func:`rule`; the report then names,
 for every failure, the sentences the provider broke, and
 ``packages/conformance/RULES.md`` maps each sentence to its tests.
@@ -24,7 +24,18 @@ __all__ = ["AREAS", "MARKER", "RULES", "Rule", "define", "rule", "rules_of"]
 MARKER: Final = "corral_rule"
 """The pytest marker :func:`rule` attaches; its args are the rule ids."""
 
-AREAS: Final = ("refs", "sessions", "lifecycle", "errors", "fs", "shell", "snapshot", "script")
+AREAS: Final = (
+    "refs",
+    "sessions",
+    "lifecycle",
+    "errors",
+    "fs",
+    "shell",
+    "snapshot",
+    "script",
+    "code",
+    "process",
+)
 """The first component every rule id must have."""
 
 _ID = re.compile(r"^[a-z]+(\.[a-z0-9_]+)+$")

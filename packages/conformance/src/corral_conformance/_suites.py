@@ -5,8 +5,10 @@ They hold the tests; ``_shipped_suite`` binds them to the provider under test.
 
 from __future__ import annotations
 
+from ._tests_code import AbstractCodeTests
 from ._tests_fs import AbstractFsTests
 from ._tests_lifecycle import AbstractLifecycleTests
+from ._tests_process import AbstractProcessTests
 from ._tests_refs import AbstractRefTests
 from ._tests_script import AbstractScriptTests
 from ._tests_sessions import AbstractSessionTests
@@ -15,8 +17,10 @@ from ._tests_snapshot import AbstractSnapshotTests
 from ._tests_versions import AbstractVersionsTests
 
 __all__ = [
+    "AbstractCodeTests",
     "AbstractFsTests",
     "AbstractLifecycleTests",
+    "AbstractProcessTests",
     "AbstractProviderTests",
     "AbstractRefTests",
     "AbstractScriptTests",
@@ -31,6 +35,8 @@ __all__ = [
 # and ref rules before the per-capability ones.
 class AbstractProviderTests(
     AbstractLifecycleTests,
+    AbstractProcessTests,
+    AbstractCodeTests,
     AbstractScriptTests,
     AbstractVersionsTests,
     AbstractSnapshotTests,

@@ -54,6 +54,9 @@ from ._bridges import (
     openai_tool_messages,
 )
 from ._data import (
+    CodeContextInfo,
+    CodeOutput,
+    CodeState,
     ExecError,
     ExecResult,
     FileEntry,
@@ -94,7 +97,14 @@ from ._observe import (
     WorkspaceOpenFailed,
 )
 from ._plugins import PluginSet, load_plugins
-from ._policies import CodePolicy, FsPolicy, ScriptPolicy, ShellPolicy, SnapshotPolicy
+from ._policies import (
+    CodePolicy,
+    FsPolicy,
+    ProcessPolicy,
+    ScriptPolicy,
+    ShellPolicy,
+    SnapshotPolicy,
+)
 from ._progress import Progress, ProgressCallback, reporting_progress
 from ._progress_bar import ProgressBar
 from ._protocols import VersionChange
@@ -109,7 +119,8 @@ from ._session import (
     open_workspace,
 )
 from ._store import RefStore, StoredSession
-from ._tool import Tool, ToolResult
+from ._streaming import CommandStream, OutputCallback, OutputChunk
+from ._tool import Tool, ToolImage, ToolResult
 from ._tool_source import AsyncCall, ToolSource, bound_tools
 from ._toolset import ResultFilter, WorkspaceToolset
 from .hookspecs import hookimpl
@@ -120,7 +131,11 @@ __all__ = [
     "AnthropicToolResultMessage",
     "AsyncCall",
     "CapabilityEvent",
+    "CodeContextInfo",
+    "CodeOutput",
     "CodePolicy",
+    "CodeState",
+    "CommandStream",
     "ConfigError",
     "ErrorCode",
     "Event",
@@ -144,7 +159,10 @@ __all__ = [
     "OpenAIToolMessage",
     "OpenRetrying",
     "OperationError",
+    "OutputCallback",
+    "OutputChunk",
     "PluginSet",
+    "ProcessPolicy",
     "Progress",
     "ProgressBar",
     "ProgressCallback",
@@ -168,6 +186,7 @@ __all__ = [
     "ToolCallError",
     "ToolCallFinished",
     "ToolCaller",
+    "ToolImage",
     "ToolResult",
     "ToolSource",
     "UsageRecorder",

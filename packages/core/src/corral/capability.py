@@ -31,9 +31,11 @@ from ._regex import Matcher, RegexEngine, get_regex_engine
 from ._schema import Arg, ArgsSchema, WorkspacePath, args_schema
 from ._tool import (
     SessionControl,
+    ToolContent,
     ToolEnv,
     ToolHandler,
     ToolHints,
+    ToolImage,
     ToolRenderer,
     ToolResult,
     ToolSpec,
@@ -52,9 +54,11 @@ __all__ = [
     "OperationError",
     "RegexEngine",
     "SessionControl",
+    "ToolContent",
     "ToolEnv",
     "ToolHandler",
     "ToolHints",
+    "ToolImage",
     "ToolRenderer",
     "ToolResult",
     "ToolSpec",

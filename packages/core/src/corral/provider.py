@@ -40,6 +40,9 @@ from ._assembly import (
     positive_size_option,
 )
 from ._data import (
+    CodeContextInfo,
+    CodeOutput,
+    CodeState,
     CommandRequest,
     ExecError,
     ExecResult,
@@ -88,6 +91,7 @@ from ._process import (
 )
 from ._progress import Progress, ProgressCallback, ProgressReporter, current_progress_callback
 from ._protocols import (
+    CodeContexts,
     CodeInterpreter,
     FileSystem,
     OpenedWorkspace,
@@ -110,7 +114,11 @@ __all__ = [
     "DEFAULT_RETAINED_BYTES",
     "BuildContext",
     "CliCommand",
+    "CodeContextInfo",
+    "CodeContexts",
     "CodeInterpreter",
+    "CodeOutput",
+    "CodeState",
     "CommandRequest",
     "ConfigError",
     "CursorExpiredError",
