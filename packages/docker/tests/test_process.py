@@ -101,7 +101,8 @@ async def test_start_read_wait_exit(box: _Box) -> None:
     assert await _read_all(box.pm, info.process_id, "stderr") == b"err\n"
     # Resume mid-stream: no byte twice, none skipped.
     tail = await box.pm.read(info.process_id, cursor=2)
-    assert (tail.data, tail.next_cursor, tail.ended) == (b"t\n", 4, False)
+    # The process has ended and the chunk reaches the end: ended, exactly.
+    assert (tail.data, tail.next_cursor, tail.ended) == (b"t\n", 4, True)
     end = await box.pm.read(info.process_id, cursor=4)
     assert (end.data, end.ended) == (b"", True)
     with pytest.raises(corral.OperationError) as beyond:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import math
 import os
 import secrets
@@ -54,24 +55,27 @@ from corral.provider import (
     WorkspaceEvictedError,
     workspace_closed,
 )
-from corral_posix import CheckedCommand, CommandChecker, remove_tree
+from corral_posix import (
+    CheckedCommand,
+    CommandChecker,
+    check_stream_read,
+    read_recorded_stream,
+    remove_tree,
+)
 
 # posix-core's request checks, record reader and cursor reader (one implementation).
 from corral_posix._processes import (
-    _check_int,
     _check_request,
     _read_info,
     _status,
     _update_terminal,
 )
-from corral_posix._streamlog import read_stream
 
 from ._attach import AttachingEngine
 from ._engine import ContainerNotFoundError, DockerEngine, EngineError
 from ._options import WORKDIR
 from ._procrecord import (
     END,
-    STREAMS,
     LiveProcess,
     abandon_record,
     close_record,
@@ -85,7 +89,6 @@ from ._shell import _KILL
 __all__ = ["DockerProcessManager"]
 
 _ID_LEN: Final = 17
-_MAX_READ: Final = 64 << 20
 _KILL_WAIT_S: Final = 15.0
 _DRAIN_S: Final = 5.0
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -346,41 +349,22 @@ class DockerProcessManager:
             OperationError: ``invalid_argument``; ``not_found``; ``closed``.
         """
         self._check_open()
-        if stream not in STREAMS:
-            raise OperationError("stream must be 'stdout' or 'stderr'", code="invalid_argument")
-        _check_int(cursor, "cursor", 0)
-        _check_int(max_bytes, "max_bytes", 1)
-        _check_wait(wait_s, "wait_s")
+        check_stream_read(stream, cursor, max_bytes, wait_s)
         record = self._record(process_id)
-        if stream == "stderr" and await anyio.to_thread.run_sync(has_terminal, record):
-            # A terminal merges both streams into stdout: stderr is empty and ended.
-            if cursor > 0:
-                raise OperationError(
-                    f"cursor {cursor} is beyond the end of the ended stream (0)",
-                    code="invalid_argument",
-                )
-            return StreamChunk(b"", 0, 0, True)
-        path = os.path.join(record, stream)
-        deadline = time.monotonic() + wait_s
-        want = min(max_bytes, _MAX_READ)
-        while True:
-            final = await anyio.to_thread.run_sync(_status, record)
-            data, seen = await anyio.to_thread.run_sync(read_stream, path, cursor, want)
-            if data:
-                return StreamChunk(data, cursor, cursor + len(data), False)
-            if final is not None:
-                end = final.get(f"{stream}_end", seen.end)
-                end = end if isinstance(end, int) else seen.end
-                if cursor > end:
-                    raise OperationError(
-                        f"cursor {cursor} is beyond the end of the ended stream ({end})",
-                        code="invalid_argument",
-                    )
-                return StreamChunk(b"", cursor, cursor, cursor == end)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return StreamChunk(b"", cursor, cursor, False)
-            await self._wait_for(process_id, STREAMS[stream], cursor, remaining)
+
+        async def terminal() -> bool:
+            return await anyio.to_thread.run_sync(has_terminal, record)
+
+        chunk, _ended = await read_recorded_stream(
+            record,
+            stream,
+            cursor=cursor,
+            max_bytes=max_bytes,
+            wait_s=wait_s,
+            terminal=terminal,
+            wait_for=functools.partial(self._wait_for, process_id),
+        )
+        return chunk
 
     async def _wait_for(self, process_id: str, index: int, cursor: int, wait_s: float) -> None:
         live = self._live.get(process_id)

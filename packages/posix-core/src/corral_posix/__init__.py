@@ -11,7 +11,12 @@ from ._checker import CheckedCommand, CommandChecker
 from ._fdtree import remove_tree_at
 from ._fs import TmpdirFileSystem
 from ._layout import TmpdirLayout, TmpdirRefPayload, remove_tree, sanitize_session_id
-from ._processes import HostProcessManager, ProcessChecks
+from ._processes import (
+    HostProcessManager,
+    ProcessChecks,
+    check_stream_read,
+    read_recorded_stream,
+)
 from ._provider import Isolation, TmpdirWorkspaceProvider
 from ._resolve import Resolver, open_beneath, openat2_available
 from ._shell import ProcessLimits, SubprocessShell
@@ -44,9 +49,11 @@ __all__: list[str] = [
     "TmpdirWorkspaceProvider",
     "WrapContext",
     "WrappedCommand",
+    "check_stream_read",
     "exchange_dirs",
     "open_beneath",
     "openat2_available",
+    "read_recorded_stream",
     "remove_tree",
     "remove_tree_at",
     "sanitize_session_id",

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import math
 import os
@@ -66,7 +67,7 @@ from ._shell import ProcessLimits
 from ._streamlog import StreamExtent, extent, read_stream, segment_size
 from ._wrapper import IDENTITY_WRAPPER, CommandWrapper, WrapContext
 
-__all__ = ["HostProcessManager", "ProcessChecks"]
+__all__ = ["HostProcessManager", "ProcessChecks", "check_stream_read", "read_recorded_stream"]
 
 _WAIT = struct.Struct("<BQ")
 _SIG = struct.Struct("<i")
@@ -392,48 +393,20 @@ class HostProcessManager:
             OperationError: ``invalid_argument``; ``not_found``; ``closed``.
         """
         self._check_open()
-        if stream not in _STREAM_INDEX:
-            raise OperationError("stream must be 'stdout' or 'stderr'", code="invalid_argument")
-        _check_int(cursor, "cursor", 0)
-        _check_int(max_bytes, "max_bytes", 1)
-        if not (isinstance(wait_s, int | float) and wait_s >= 0 and math.isfinite(wait_s)):
-            raise OperationError("wait_s must be a non-negative number", code="invalid_argument")
+        check_stream_read(stream, cursor, max_bytes, wait_s)
         record = self._record(process_id)
-        if stream == "stderr" and await self._has_terminal(process_id, record):
-            # The terminal merges both streams into stdout: stderr is empty and ended.
-            if cursor > 0:
-                raise OperationError(
-                    f"cursor {cursor} is beyond the end of the ended stream (0)",
-                    code="invalid_argument",
-                )
-            return StreamChunk(b"", 0, 0, True)
-        path = os.path.join(record, stream)
-        index = _STREAM_INDEX[stream]
-        deadline = time.monotonic() + wait_s
-        want = min(max_bytes, _MAX_READ)
-        while True:
-            final, data, seen = await anyio.to_thread.run_sync(
-                _status_and_bytes, record, path, cursor, want
-            )
-            end = seen.end
-            if final is not None:
-                recorded = final.get(f"{stream}_end")
-                end = recorded if isinstance(recorded, int) else seen.end
-            if data:
-                after = cursor + len(data)
-                return StreamChunk(data, cursor, after, final is not None and after >= end)
-            if final is not None:
-                if cursor > end:
-                    raise OperationError(
-                        f"cursor {cursor} is beyond the end of the ended stream ({end})",
-                        code="invalid_argument",
-                    )
-                self._forget_input(process_id)
-                return StreamChunk(b"", cursor, cursor, cursor == end)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return StreamChunk(b"", cursor, cursor, False)
-            await self._wait_for(process_id, index, cursor, remaining)
+        chunk, ended = await read_recorded_stream(
+            record,
+            stream,
+            cursor=cursor,
+            max_bytes=max_bytes,
+            wait_s=wait_s,
+            terminal=functools.partial(self._has_terminal, process_id, record),
+            wait_for=functools.partial(self._wait_for, process_id),
+        )
+        if ended and not chunk.data:
+            self._forget_input(process_id)
+        return chunk
 
     async def _has_terminal(self, process_id: str, record: str) -> bool:
         live = self._live.get(process_id)
@@ -845,6 +818,97 @@ def _write_json(directory: str, name: str, value: object) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, final)
+
+
+def check_stream_read(stream: object, cursor: object, max_bytes: object, wait_s: object) -> None:
+    """The arguments of :meth:`corral.provider.ProcessManager.read`, checked before any I/O.
+
+    Raises:
+        OperationError: ``invalid_argument``, naming the argument, not its value.
+    """
+    if stream not in _STREAM_INDEX:
+        raise OperationError("stream must be 'stdout' or 'stderr'", code="invalid_argument")
+    _check_int(cursor, "cursor", 0)
+    _check_int(max_bytes, "max_bytes", 1)
+    if not (
+        isinstance(wait_s, int | float)
+        and not isinstance(wait_s, bool)
+        and wait_s >= 0
+        and math.isfinite(wait_s)
+    ):
+        raise OperationError("wait_s must be a non-negative number", code="invalid_argument")
+
+
+async def read_recorded_stream(
+    record: str,
+    stream: StreamName,
+    *,
+    cursor: int,
+    max_bytes: int,
+    wait_s: float,
+    terminal: Callable[[], Awaitable[bool]],
+    wait_for: Callable[[int, int, float], Awaitable[None]],
+) -> tuple[StreamChunk, bool]:
+    """Read a recorded stream from a cursor: the one cursor arithmetic of every manager.
+
+    Host processes (this module) and docker's processes record output the same
+    way (segment files named by their first cursor, ``final.json`` once every
+    byte is on disk); this is how both answer ``read`` -- exact cursors, expiry
+    naming the earliest cursor, ``ended`` exactly when no byte can follow, an
+    empty ended stderr for a terminal.
+
+    Args:
+        record: The process's record directory.
+        stream: ``stdout`` or ``stderr`` (arguments already checked by :func:`check_stream_read`).
+        cursor: Byte offset to read from.
+        max_bytes: At most this many bytes.
+        wait_s: How long to wait for a byte at ``cursor``.
+        terminal: Whether the process has a terminal (its stderr is then empty and ended).
+        wait_for: ``(stream index, cursor, seconds)`` -- returns when the stream
+            passed ``cursor``, ended, or the time is up (the manager's wake-up).
+
+    Returns:
+        The chunk, and whether the process's end was recorded.
+
+    Raises:
+        CursorExpiredError: ``cursor`` is before the retained window.
+        OperationError: ``invalid_argument`` for a cursor beyond an ended stream's end.
+    """
+    if stream == "stderr" and await terminal():
+        if cursor > 0:
+            raise OperationError(
+                f"cursor {cursor} is beyond the end of the ended stream (0)",
+                code="invalid_argument",
+            )
+        return StreamChunk(b"", 0, 0, True), False
+    path = os.path.join(record, stream)
+    index = _STREAM_INDEX[stream]
+    deadline = time.monotonic() + wait_s
+    want = min(max_bytes, _MAX_READ)
+    while True:
+        final, data, seen = await anyio.to_thread.run_sync(
+            _status_and_bytes, record, path, cursor, want
+        )
+        end = seen.end
+        if final is not None:
+            recorded = final.get(f"{stream}_end")
+            end = recorded if isinstance(recorded, int) else seen.end
+        if data:
+            after = cursor + len(data)
+            return StreamChunk(data, cursor, after, final is not None and after >= end), (
+                final is not None
+            )
+        if final is not None:
+            if cursor > end:
+                raise OperationError(
+                    f"cursor {cursor} is beyond the end of the ended stream ({end})",
+                    code="invalid_argument",
+                )
+            return StreamChunk(b"", cursor, cursor, cursor == end), True
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return StreamChunk(b"", cursor, cursor, False), False
+        await wait_for(index, cursor, remaining)
 
 
 def _status_and_bytes(
