@@ -264,7 +264,7 @@ class DockerProcessManager:
         def begin() -> anyio.from_thread.BlockingPortal:
             with self._lock:
                 if self._portal is None:
-                    cm = anyio.from_thread.start_blocking_portal(name="corral-docker-processes")
+                    cm = anyio.from_thread.start_blocking_portal()  # no name=: anyio 4.7 lacks it
                     self._portal, self._portal_cm = cm.__enter__(), cm
                 return self._portal
 
