@@ -44,13 +44,21 @@ def _fails_exactly(factory: Callable[[], Any], *rule_ids: str, **kwargs: Any) ->
     A test carrying several ids marks them all failed, so the expected set is
     the ids of every test that carries one of ``rule_ids``.
     """
-    report = check_provider(factory, rules=AREAS, max_examples=BUDGET, shrink=False, **kwargs)
-    for rid in rule_ids:
-        assert rid in RULES, f"unknown rule {rid}"
-    failed = {rid for rid, status in report.rule_statuses().items() if status == "fail"}
-    carriers = [r for r in report.results if set(r.rules) & set(rule_ids)]
-    assert carriers, f"no test carries {rule_ids}"
-    expected = {rid for r in carriers for rid in r.rules if r.status == "fail"} | set(rule_ids)
+    # One retry, for one reason: CPython 3.11.7 can abort the nested session while
+    # formatting a Hypothesis failure ("SystemError: AST constructor recursion
+    # depth mismatch", a CPython bug), so the rules after it never report. A
+    # defect the rules miss is missed on both runs.
+    for attempt in (1, 2):
+        report = check_provider(factory, rules=AREAS, max_examples=BUDGET, shrink=False, **kwargs)
+        for rid in rule_ids:  # RULES fills as the suite's modules load
+            assert rid in RULES, f"unknown rule {rid}"
+        failed = {rid for rid, status in report.rule_statuses().items() if status == "fail"}
+        carriers = [r for r in report.results if set(r.rules) & set(rule_ids)]
+        assert carriers, f"no test carries {rule_ids}"
+        expected = {rid for r in carriers for rid in r.rules if r.status == "fail"}
+        expected |= set(rule_ids)
+        if failed == expected or attempt == 2:
+            break
     detail = {r.rule: r.reason for r in report.failed}
     assert failed == expected, f"failed rules {sorted(failed)}, wanted {sorted(expected)}: {detail}"
     for r in report.failed:
@@ -300,11 +308,14 @@ def _local_bash(tmp: Path, shell_wrapper: type[Any]) -> Callable[[], Any]:
 
 def _with_shell(ws: Any, shell_wrapper: type[Any]) -> Any:
     shell = ws.shell
+    process = ws.module("process")  # every other module passes through unchanged
     return corral.provider.ModularWorkspace(
         ws.id,
         fs=ws.fs,
         shell=None if shell is None else shell_wrapper(shell),
+        code=ws.code,
         snapshot=ws.snapshot,
+        extra_modules=None if process is None else {"process": process},
         on_close=ws.close,
     )
 

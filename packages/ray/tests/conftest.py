@@ -80,3 +80,24 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None
             return
         time.sleep(0.2)
     pytest.fail(f"timed out waiting for {what}")
+
+
+_RAY_LOOP_LEAKS = (
+    # Ray's client code calls asyncio.get_event_loop() in whatever thread drives
+    # it (our calls run in anyio worker threads), creating loops it never closes;
+    # the collector finds them (and their self-pipe socketpair) during a later
+    # test. Only these two exact shapes are ignored, and only in this package.
+    "ignore:Exception ignored in. <function BaseEventLoop.__del__"
+    ":pytest.PytestUnraisableExceptionWarning",
+    "ignore:Exception ignored in. <socket.socket fd=[0-9]+, family=1, type=1, proto=0>"
+    ":pytest.PytestUnraisableExceptionWarning",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tolerate Ray's unclosed per-thread event loops in this package's tests (see above)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for item in items:
+        if str(item.path).startswith(here):
+            for spec in _RAY_LOOP_LEAKS:
+                item.add_marker(pytest.mark.filterwarnings(spec))
