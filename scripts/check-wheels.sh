@@ -14,13 +14,20 @@ declare -A module=(
   [corral_langchain]=corral_langchain [corral_deepagents]=corral_deepagents
   [corral_ray]=corral_ray [corral_server]=corral_server
 )
+# Our wheels keep version 0.1.0 from build to build, and uv caches a find-links wheel
+# by its name: without a refresh a dependency (corral-core under corral-docker) would
+# come from an earlier run's build on a machine that keeps its uv cache.
+refresh=()
+for wheel in "$dist"/*.whl; do
+  refresh+=(--refresh-package "$(basename "$wheel" | cut -d- -f1 | tr _ -)")
+done
 status=0
 for wheel in "$dist"/*.whl; do
   name=$(basename "$wheel" | cut -d- -f1)
   mod=${module[$name]:?unknown wheel $name}
   venv=$(mktemp -d)
   "$uv" venv --quiet --python python3 "$venv"
-  if "$uv" pip install --quiet --python "$venv/bin/python" --find-links "$dist" "$wheel" \
+  if "$uv" pip install --quiet --python "$venv/bin/python" --find-links "$dist" "${refresh[@]}" "$wheel" \
      && "$venv/bin/python" -c "import $mod" \
      && "$venv/bin/python" -c "import corral; ps = corral.load_plugins(); assert not ps.failed, dict(ps.failed)"; then
     echo "ok    $name -> import $mod; its plugins load"
