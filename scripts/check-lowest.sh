@@ -39,7 +39,9 @@ PY
 "$UV" venv --quiet --python 3.11 "$work/venv"
 export VIRTUAL_ENV="$work/venv" PATH="$work/venv/bin:$PATH"
 "$UV" pip install --quiet --no-deps -r "$work/locked.txt" -r "$work/lowest.txt"
-"$UV" pip install --quiet --no-deps packages/*/
+# --no-cache: uv keys a built local tree by its pyproject's mtime, not its sources,
+# so a machine that keeps its cache could install an earlier run's build.
+"$UV" pip install --quiet --no-deps --no-cache packages/*/
 "$UV" pip list --quiet 2>/dev/null | grep -iE "^(anyio|attrs|cattrs|pluggy|trio|regex|google-re2) " \
   | sed "s/^/  installed: /"
 python -m pytest packages/core/tests -q -p no:cacheprovider
