@@ -92,6 +92,7 @@ def test_serve_and_ws_verbs(tmp_path: Path) -> None:
         assert _ws(data, url, "files", "ls", wid).stdout == ""
         missing = _ws(data, url, "files", "read", wid, "/nope", ok=False)
         assert "not_found" in missing.stderr
+        assert json.loads(_ws(data, url, "prune", wid, "--keep", "1").stdout) == {"removed": []}
         archived = json.loads(_ws(data, url, "archive", wid).stdout)
         assert archived["state"] == "archived"
         _ws(data, url, "delete", wid)

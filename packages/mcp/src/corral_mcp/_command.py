@@ -75,6 +75,20 @@ def _configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--name", default=DEFAULT_SERVER_NAME, help="server name sent to clients")
     parser.add_argument(
+        "--workspace",
+        metavar="ID",
+        help="serve this durable workspace of a 'corral serve' (needs corral-server): the "
+        "tools act on it through the service's API, and what they do stays in it",
+    )
+    parser.add_argument(
+        "--server-url", help="with --workspace: the server (default $CORRAL_SERVER_URL)"
+    )
+    parser.add_argument(
+        "--server-token",
+        help="with --workspace: the project token (default $CORRAL_SERVER_TOKEN, which "
+        "keeps it off the command line)",
+    )
+    parser.add_argument(
         "--backend",
         choices=["asyncio", "trio"],
         default="asyncio",
@@ -95,7 +109,68 @@ async def _stop_on_signal(
             return
 
 
+async def _durable_provider(args: argparse.Namespace) -> corral.provider.WorkspaceProvider:
+    """The provider of ``--workspace``: corral-server's adapter, imported only here."""
+    for flag, value in (
+        ("--provider", args.provider),
+        ("--provider-options", args.provider_options),
+        ("--session", args.session),
+    ):
+        if value is not None:
+            raise ConfigError(f"{flag} does not apply with --workspace")
+    try:
+        from corral_server import DurableWorkspaceProvider
+    except ImportError:
+        raise ConfigError("--workspace needs corral-server: pip install corral-server") from None
+    return await DurableWorkspaceProvider.connect(
+        args.workspace, url=args.server_url, token=args.server_token
+    )
+
+
+async def _serve_durable(args: argparse.Namespace, http: tuple[str, int] | None) -> int:
+    """Serve a durable workspace: no ref is stored (the service keeps the workspace)."""
+    plugins = corral.default_plugins()
+    provider = await _durable_provider(args)
+    caps = _json_object(args.capabilities, "--capabilities")
+    if caps is None:
+        caps = {n: True for n in sorted(provider.capabilities) if n in plugins.capabilities}
+    async with corral.open_workspace(
+        provider,
+        caps,
+        session_id=f"mcp-{secrets.token_hex(6)}",
+        open_strategy="eager",
+        plugins=plugins,
+    ) as ws:
+        await _serve_session(ws, http, args, f"workspace {args.workspace}")
+    _announce(f"workspace {args.workspace}: MCP session ended (the workspace stays)")
+    return 0
+
+
+async def _serve_session(
+    ws: corral.WorkspaceSession,
+    http: tuple[str, int] | None,
+    args: argparse.Namespace,
+    what: str,
+) -> None:
+    where = "stdio" if http is None else "http"
+    async with anyio.create_task_group() as tg:
+        await tg.start(_stop_on_signal, tg.cancel_scope)
+        if http is None:
+            from ._serve import serve_stdio  # the SDK loads only when serving
+
+            _announce(f"{what}; serving MCP on {where}")
+            await serve_stdio(ws, name=args.name)
+        else:
+            host, port = await tg.start(_serve_http, ws, http, args)
+            shown = f"[{host}]" if ":" in host else host
+            _announce(f"{what}; serving MCP on http://{shown}:{port}{args.http_path}")
+            await anyio.sleep_forever()
+        tg.cancel_scope.cancel()
+
+
 async def _serve(args: argparse.Namespace, http: tuple[str, int] | None) -> int:
+    if args.workspace is not None:
+        return await _serve_durable(args, http)
     plugins = corral.default_plugins()
     store = RefStore(args.state)
     session_id: str = args.session or f"mcp-{secrets.token_hex(6)}"
@@ -138,23 +213,7 @@ async def _serve(args: argparse.Namespace, http: tuple[str, int] | None) -> int:
             if ws.ref is not None:
                 await persist(ws.ref)
             verb = "resumed" if resume is not None else "opened"
-            where = "stdio" if http is None else "http"
-            async with anyio.create_task_group() as tg:
-                await tg.start(_stop_on_signal, tg.cancel_scope)
-                if http is None:
-                    from ._serve import serve_stdio  # the SDK loads only when serving
-
-                    _announce(f"{verb} session {session_id} ({kind}); serving MCP on {where}")
-                    await serve_stdio(ws, name=args.name)
-                else:
-                    host, port = await tg.start(_serve_http, ws, http, args)
-                    shown = f"[{host}]" if ":" in host else host
-                    _announce(
-                        f"{verb} session {session_id} ({kind}); serving MCP on "
-                        f"http://{shown}:{port}{args.http_path}"
-                    )
-                    await anyio.sleep_forever()
-                tg.cancel_scope.cancel()
+            await _serve_session(ws, http, args, f"{verb} session {session_id} ({kind})")
     except WorkspaceFailedError as exc:
         if resume is None or opened:
             raise

@@ -10,9 +10,11 @@ SQLite (default) or PostgreSQL (replicas); version content in a blob store.
 from __future__ import annotations
 
 from ._blobs import BlobStore, LocalBlobStore
-from ._client import ApiError, AsyncClient, Client, StreamEvent
+from ._client import ApiError, AsyncClient, Client, StreamEvent, client_settings
 from ._errors import ServiceError
+from ._gc import GcReport
 from ._model import SandboxDefinition, check_mount_path
+from ._remote import DurableWorkspaceProvider
 from ._serve import serve
 from ._service import ProviderFactory, WorkspaceService, hash_token
 from ._store import SqlStore, open_store
@@ -22,6 +24,8 @@ __all__ = [
     "AsyncClient",
     "BlobStore",
     "Client",
+    "DurableWorkspaceProvider",
+    "GcReport",
     "LocalBlobStore",
     "ProviderFactory",
     "SandboxDefinition",
@@ -30,6 +34,7 @@ __all__ = [
     "StreamEvent",
     "WorkspaceService",
     "check_mount_path",
+    "client_settings",
     "hash_token",
     "open_store",
     "serve",

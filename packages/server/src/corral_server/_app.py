@@ -133,9 +133,11 @@ class ApiApp:
             ("POST", re.compile(rf"/v1/workspaces/{_WS}/stop"), s._stop),
             ("GET", re.compile(rf"/v1/workspaces/{_WS}/versions"), s._versions),
             ("POST", re.compile(rf"/v1/workspaces/{_WS}/versions"), s._take_version),
+            ("POST", re.compile(rf"/v1/workspaces/{_WS}/versions/prune"), s._prune),
             ("GET", re.compile(rf"/v1/workspaces/{_WS}/files/read"), s._read_file),
             ("GET", re.compile(rf"/v1/workspaces/{_WS}/files/ls"), s._ls),
             ("GET", re.compile(rf"/v1/workspaces/{_WS}/files/stat"), s._stat),
+            ("POST", re.compile(rf"/v1/workspaces/{_WS}/live/fs"), s._live_fs),
             ("POST", re.compile(rf"/v1/workspaces/{_WS}/exec"), s._exec),
             ("POST", re.compile(rf"/v1/workspaces/{_WS}/pty"), s._pty),
             ("GET", re.compile(rf"/v1/workspaces/{_WS}/handles"), s._handles),
@@ -304,6 +306,13 @@ class ApiApp:
     async def _take_version(self, req: _Request, p: dict[str, str]) -> Any:
         return (await self.service.take_version(req.project, p["ws"])).to_json()
 
+    async def _prune(self, req: _Request, p: dict[str, str]) -> Any:
+        body = req.json()
+        if set(body) - {"keep"}:
+            raise ServiceError("the request has an unknown field")
+        removed = await self.service.prune_versions(req.project, p["ws"], body.get("keep"))
+        return {"removed": removed}
+
     # -- files --------------------------------------------------------------------
 
     def _source(self, req: _Request) -> dict[str, Any]:
@@ -330,10 +339,14 @@ class ApiApp:
             req.project, p["ws"], req.query.get("path"), **self._source(req)
         )
 
+    async def _live_fs(self, req: _Request, p: dict[str, str]) -> Any:
+        return await self.service.live_fs(req.project, p["ws"], req.json())
+
     # -- handles ------------------------------------------------------------------
 
     def _process_request(self, body: dict[str, Any], *, pty: bool) -> ProcessRequest:
         allowed = {"command", "cwd", "env", "timeout_s", "retained_bytes", "cols", "rows"}
+        allowed |= {"allowed_commands", "allow_shell_syntax"}
         if not pty:
             allowed -= {"cols", "rows"}
         if set(body) - allowed:
@@ -355,6 +368,14 @@ class ApiApp:
         retained = check_int(
             body.get("retained_bytes", 8 << 20), "retained_bytes", lo=1024, hi=256 << 20
         )
+        # A client may narrow what its own token could run anyway (the box's
+        # guard enforces it): corral mcp --workspace passes the shell policy here.
+        names = body.get("allowed_commands")
+        if names is not None:
+            if not isinstance(names, list) or len(names) > 1024:
+                raise ServiceError("allowed_commands must be a list of at most 1024 names")
+            names = frozenset(check_str(n, "a command name", max_len=256) for n in names)
+        shell_syntax = check_bool(body.get("allow_shell_syntax", True), "allow_shell_syntax")
         terminal = None
         if pty:
             terminal = TerminalSize(
@@ -368,7 +389,8 @@ class ApiApp:
             terminal=terminal,
             timeout_s=timeout,
             retained_bytes=retained,
-            allow_shell_syntax=True,
+            allowed_commands=names,
+            allow_shell_syntax=shell_syntax,
         )
 
     async def _exec(self, req: _Request, p: dict[str, str]) -> Any:

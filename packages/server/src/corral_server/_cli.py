@@ -28,13 +28,15 @@ from typing import Any, Final
 import anyio
 import anyio.abc
 import anyio.to_thread
+import attrs
 
 import corral.capability
 from corral import ConfigError
 
 from ._blobs import LocalBlobStore
-from ._client import ApiError, Client
+from ._client import ApiError, Client, client_settings
 from ._errors import ServiceError
+from ._gc import DEFAULT_GRACE_S
 from ._serve import check_bind, serve
 from ._service import ProviderFactory, WorkspaceService, plugin_providers
 from ._store import open_store
@@ -108,6 +110,24 @@ def _configure_serve(parser: argparse.ArgumentParser) -> None:
         metavar="PROJECT",
         help="print a new token of PROJECT (created when missing) and exit, without serving",
     )
+    parser.add_argument(
+        "--gc-interval",
+        type=float,
+        default=3600.0,
+        help="collect unreferenced version blobs every S seconds (0: never)",
+    )
+    parser.add_argument(
+        "--gc-grace",
+        type=float,
+        default=DEFAULT_GRACE_S,
+        help="never collect a blob written less than S seconds ago; a version taking "
+        "longer than S/2 to capture is refused (default 3600)",
+    )
+    parser.add_argument(
+        "--gc",
+        action="store_true",
+        help="collect unreferenced blobs once, print what was done, and exit without serving",
+    )
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
 
 
@@ -125,8 +145,15 @@ async def _serve_main(args: argparse.Namespace) -> int:
         validate_open=not args.no_validate_open,
         client_provider_options=args.allow_client_provider_options,
         providers=_offered(args.provider),
+        gc_interval_s=args.gc_interval if args.gc_interval > 0 else None,
+        gc_grace_s=args.gc_grace,
     )
     await store.migrate()
+    if args.gc:
+        report = await service.collect_garbage()
+        print(json.dumps(attrs.asdict(report)), flush=True)
+        await store.aclose()
+        return 0
     if args.new_token:
         project = await store.project_by_name(args.new_token)
         if project is None:
@@ -221,6 +248,11 @@ def _configure_ws(parser: argparse.ArgumentParser) -> None:
     lst.add_argument("--cursor")
     for verb in ("show", "archive", "delete", "connect", "stop"):
         sub.add_parser(verb, help=f"{verb} a workspace").add_argument("id")
+    prune = sub.add_parser(
+        "prune", help="delete all but the newest versions (the collector frees their blobs)"
+    )
+    prune.add_argument("id")
+    prune.add_argument("--keep", type=int, default=1, help="versions to keep (default 1)")
     upd = sub.add_parser("update", help="replace metadata and/or tags")
     upd.add_argument("id")
     upd.add_argument("--metadata", help="JSON object")
@@ -244,15 +276,7 @@ def _configure_ws(parser: argparse.ArgumentParser) -> None:
 
 
 def _client(args: argparse.Namespace) -> Client:
-    url = args.url or os.environ.get("CORRAL_SERVER_URL") or f"http://127.0.0.1:{DEFAULT_PORT}"
-    token = args.token or os.environ.get("CORRAL_SERVER_TOKEN")
-    if not token:
-        path = (args.data or default_data_dir()) / "token"
-        try:
-            token = path.read_text().strip()
-        except OSError:
-            raise ConfigError("no token: set CORRAL_SERVER_TOKEN or pass --token") from None
-    return Client(url, token)
+    return Client(*client_settings(args.url, args.token, args.data))
 
 
 def _json_object(text: str | None, what: str) -> dict[str, Any] | None:
@@ -314,6 +338,8 @@ def _ws_verb(client: Client, args: argparse.Namespace) -> int:
         _print(getattr(client, verb)(args.id))
     elif verb == "delete":
         client.delete(args.id)
+    elif verb == "prune":
+        _print({"removed": client.prune_versions(args.id, args.keep)})
     elif verb == "files":
         return _files(client, args)
     elif verb == "exec":

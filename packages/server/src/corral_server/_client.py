@@ -12,12 +12,46 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
-from typing import Any, cast
+from pathlib import Path
+from typing import Any, Final, cast
 
 import httpx
 
-__all__ = ["ApiError", "AsyncClient", "Client", "StreamEvent"]
+from corral import ConfigError
+
+__all__ = ["DEFAULT_URL", "ApiError", "AsyncClient", "Client", "StreamEvent", "client_settings"]
+
+DEFAULT_URL: Final = "http://127.0.0.1:8420"
+"""Where a local ``corral serve`` listens by default."""
+
+
+def client_settings(
+    url: str | None = None, token: str | None = None, data: Path | None = None
+) -> tuple[str, str]:
+    """The server URL and token a command-line client uses: ``(url, token)``.
+
+    Given values first, then ``CORRAL_SERVER_URL`` (default
+    ``http://127.0.0.1:8420``) and ``CORRAL_SERVER_TOKEN``, then the token
+    file a local ``corral serve`` writes in its data directory (``data``, or
+    ``$CORRAL_SERVER_DATA``, or ``~/.local/state/corral/server``).
+
+    Raises:
+        ConfigError: No token anywhere.
+    """
+    url = url or os.environ.get("CORRAL_SERVER_URL") or DEFAULT_URL
+    token = token or os.environ.get("CORRAL_SERVER_TOKEN")
+    if not token:
+        folder = data or Path(
+            os.environ.get("CORRAL_SERVER_DATA")
+            or Path.home() / ".local" / "state" / "corral" / "server"
+        )
+        try:
+            token = (folder / "token").read_text().strip()
+        except OSError:
+            raise ConfigError("no token: set CORRAL_SERVER_TOKEN or pass --token") from None
+    return url, token
 
 
 class ApiError(Exception):
@@ -192,9 +226,24 @@ class AsyncClient:
         out = await self._json("GET", _Calls.ws(workspace_id, "/versions"))
         return list(out["versions"])
 
+    async def prune_versions(self, workspace_id: str, keep: int) -> list[str]:
+        """Delete all but the ``keep`` newest versions; the removed ids."""
+        path = _Calls.ws(workspace_id, "/versions/prune")
+        return list((await self._json("POST", path, json={"keep": keep}))["removed"])
+
     async def take_version(self, workspace_id: str) -> dict[str, Any]:
         """Take a version of the live box now."""
         return dict(await self._json("POST", _Calls.ws(workspace_id, "/versions")))
+
+    async def live_fs(self, workspace_id: str, op: str, **arguments: Any) -> dict[str, Any]:
+        """One operation of the live box's ``fs`` module (``op`` and its arguments)."""
+        body = {"op": op, **arguments}
+        return dict(await self._json("POST", _Calls.ws(workspace_id, "/live/fs"), json=body))
+
+    async def handles(self, workspace_id: str) -> list[dict[str, Any]]:
+        """Every handle of a workspace, as last recorded."""
+        out = await self._json("GET", _Calls.ws(workspace_id, "/handles"))
+        return list(out["handles"])
 
     async def read_file(
         self,
@@ -271,7 +320,9 @@ class AsyncClient:
         self, workspace_id: str, handle_id: str, data: bytes = b"", *, close: bool = False
     ) -> dict[str, Any]:
         """Send bytes to the process's stdin (or terminal); ``close`` sends EOF after."""
-        body = {"data": base64.b64encode(data).decode("ascii"), "close": close}
+        body: dict[str, Any] = {"close": close}
+        if data:  # the API refuses an empty ``data``: closing alone sends none
+            body["data"] = base64.b64encode(data).decode("ascii")
         path = _Calls.ws(workspace_id, f"/handles/{handle_id}/stdin")
         return dict(await self._json("POST", path, json=body))
 
@@ -449,6 +500,11 @@ class Client:
     def connect(self, workspace_id: str) -> dict[str, Any]:
         """See :meth:`AsyncClient.connect`."""
         return dict(self.request("POST", _Calls.ws(workspace_id, "/connect")))
+
+    def prune_versions(self, workspace_id: str, keep: int) -> list[str]:
+        """Delete all but the ``keep`` newest versions; the removed ids."""
+        path = _Calls.ws(workspace_id, "/versions/prune")
+        return list(self.request("POST", path, json={"keep": keep})["removed"])
 
     def stop(self, workspace_id: str) -> dict[str, Any]:
         """See :meth:`AsyncClient.stop`."""

@@ -16,6 +16,7 @@ STATUS_OF: Final[dict[str, int]] = {
     "unauthenticated": 401,
     "forbidden": 403,
     "not_found": 404,
+    "operation_failed": 422,
     "conflict": 409,
     "busy": 409,
     "cursor_expired": 410,

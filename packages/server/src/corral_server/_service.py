@@ -46,12 +46,15 @@ from corral.provider import (
 
 from ._blobs import BlobStore
 from ._errors import ServiceError
+from ._gc import DEFAULT_GRACE_S, GcReport, collect_garbage
+from ._livefs import fs_call
 from ._model import (
     HandleRecord,
     SandboxDefinition,
     VersionRecord,
     WorkspaceRecord,
     check_id,
+    check_int,
     check_metadata,
     check_name,
     check_tags,
@@ -151,6 +154,11 @@ class WorkspaceService:
         client_provider_options: Accept ``provider_options`` (the provider
             factory's options: host paths, engines...) from clients. Only for
             a service whose clients are as trusted as its operator.
+        gc_interval_s: Run the blob collector this often (None: never; see
+            :mod:`corral_server._gc`).
+        gc_grace_s: The collector's grace period; a version whose capture
+            takes longer than half of it is refused (its first blobs could
+            be collected before its row is committed).
     """
 
     def __init__(
@@ -164,6 +172,8 @@ class WorkspaceService:
         idle_stop_s: float | None = 600.0,
         validate_open: bool = True,
         client_provider_options: bool = False,
+        gc_interval_s: float | None = None,
+        gc_grace_s: float = DEFAULT_GRACE_S,
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -174,6 +184,8 @@ class WorkspaceService:
         self.idle_stop_s = idle_stop_s
         self.validate_open = validate_open
         self.client_provider_options = client_provider_options
+        self.gc_interval_s = gc_interval_s
+        self.gc_grace_s = gc_grace_s
         self._live: dict[str, _Live] = {}
         self._used: dict[str, float] = {}
         """Monotonic time each live box was last used (idle auto-stop)."""
@@ -188,6 +200,22 @@ class WorkspaceService:
         tg.start_soon(self._renew_loop)
         if self.idle_stop_s is not None:
             tg.start_soon(self._idle_loop)
+        if self.gc_interval_s is not None:
+            tg.start_soon(self._gc_loop, self.gc_interval_s)
+
+    async def _gc_loop(self, interval_s: float) -> None:
+        while True:
+            await anyio.sleep(interval_s)
+            try:
+                await self.collect_garbage()
+            except Exception:
+                log.exception("blob collection failed")
+
+    async def collect_garbage(self, *, now: float | None = None) -> GcReport:
+        """Remove blobs no version or handle archive references (see :mod:`corral_server._gc`)."""
+        return await collect_garbage(
+            self.store, self.blobs, grace_s=self.gc_grace_s, now=now, reader=self.reader
+        )
 
     async def _renew_loop(self) -> None:
         while True:
@@ -364,8 +392,8 @@ class WorkspaceService:
     async def delete(self, project: str, workspace_id: object) -> None:
         """Close the live box without a version and remove every record of the workspace.
 
-        Blobs stay: they are shared by content with other versions (a
-        collector that knows every live manifest may remove them later).
+        Blobs stay: they are shared by content with other versions; the
+        collector (:meth:`collect_garbage`) removes those nothing references.
         """
         rec = await self.get(project, workspace_id)
         async with self._lock(rec.id):
@@ -439,6 +467,15 @@ class WorkspaceService:
         rec = await self.get(project, workspace_id)
         return await self.store.list_versions(rec.id)
 
+    async def prune_versions(self, project: str, workspace_id: object, keep: object) -> list[str]:
+        """Delete all but the ``keep`` newest versions (the current one always stays).
+
+        Returns the removed version ids; the collector frees their blobs.
+        """
+        count = check_int(keep, "keep", lo=1, hi=100_000)
+        rec = await self.get(project, workspace_id)
+        return await self.store.prune_versions(rec.id, count)
+
     async def take_version(self, project: str, workspace_id: object) -> VersionRecord:
         """Take a version of the live box now (``conflict`` when it is not live)."""
         rec = await self.get(project, workspace_id)
@@ -452,11 +489,18 @@ class WorkspaceService:
         fs = live.workspace.fs
         if fs is None:
             raise ServiceError("the workspace has no fs module", code="failed")
+        started = time.monotonic()
         try:
-            manifest, files, total = await capture(fs, self.blobs)
+            manifest, files, total = await capture(fs, self.blobs, live.workspace.shell)
         except OperationError:
             raise ServiceError("taking a version failed", code="failed") from None
         digest = await anyio.to_thread.run_sync(self.blobs.put, manifest)
+        if time.monotonic() - started > self.gc_grace_s / 2:
+            # Its first blobs may already be older than the collector's cutoff.
+            raise ServiceError(
+                "taking the version took longer than half the blob collector's grace period",
+                code="failed",
+            )
         v = VersionRecord(new_id("ver"), ws_id, digest, time.time(), files, total)
         await self.store.add_version(v)
         return v
@@ -562,7 +606,7 @@ class WorkspaceService:
             current = await self.store.get_version(rec.id, rec.current_version_id or "")
             manifest = await anyio.to_thread.run_sync(self.reader.manifest_sync, current.manifest)
             if opened.workspace.fs is not None:
-                await restore(opened.workspace.fs, self.blobs, manifest)
+                await restore(opened.workspace.fs, self.blobs, manifest, opened.workspace.shell)
             await self._record_ref(rec.id, ref, ready=True)
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -670,6 +714,21 @@ class WorkspaceService:
         piece = data[cursor - start : cursor - start + max_bytes]
         nxt = cursor + len(piece)
         return StreamChunk(data=piece, cursor=cursor, next_cursor=nxt, ended=nxt == end)
+
+    async def live_fs(
+        self, project: str, workspace_id: object, body: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """One operation of the live box's ``fs`` module (materialised when needed).
+
+        See :mod:`corral_server._livefs`; versions stay the way to read
+        without a box.
+        """
+        rec = await self.get(project, workspace_id)
+        live = await self._ensure_live(rec)
+        fs = live.workspace.fs
+        if fs is None:
+            raise ServiceError("the workspace's provider has no fs module", code="unsupported")
+        return await fs_call(fs, body)
 
     # -- handles ------------------------------------------------------------------
 
@@ -814,6 +873,7 @@ _SAFE_CODES: Final = {
     "busy": ("busy", "the process is busy"),
     "cursor_expired": ("cursor_expired", "the cursor is older than the retained output"),
     "forbidden": ("forbidden", "the workspace policy refused the command"),
+    "policy_denied": ("forbidden", "the workspace policy refused the command"),
     "permission_denied": ("forbidden", "the workspace policy refused the command"),
     "too_large": ("too_large", "a value is too large"),
 }

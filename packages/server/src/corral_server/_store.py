@@ -607,6 +607,55 @@ class SqlStore:
 
         return await self._tx(run, write=False)
 
+    async def prune_versions(self, workspace_id: str, keep: int) -> list[str]:
+        """Delete all but the ``keep`` newest versions (never the current one); their ids.
+
+        Their blobs stay until the collector finds nothing references them.
+        """
+
+        def run(cur: Any) -> list[str]:
+            current = self._exec(
+                cur, "SELECT current_version_id FROM workspaces WHERE id = ?", (workspace_id,)
+            ).fetchone()
+            rows = self._exec(
+                cur,
+                "SELECT id FROM versions WHERE workspace_id = ? ORDER BY created_at DESC, id DESC",
+                (workspace_id,),
+            ).fetchall()
+            kept = {str(r[0]) for r in rows[:keep]}
+            if current is not None and current[0] is not None:
+                kept.add(str(current[0]))
+            gone = [str(r[0]) for r in rows if str(r[0]) not in kept]
+            for version_id in gone:
+                self._exec(cur, "DELETE FROM versions WHERE id = ?", (version_id,))
+            return gone
+
+        return await self._tx(run)
+
+    async def blob_roots(self) -> tuple[set[str], set[str]]:
+        """What keeps blobs alive, read in one transaction (the collector's mark roots).
+
+        Returns:
+            The manifest digest of every version of every workspace, and
+            every digest a handle's archived output names.
+        """
+
+        def run(cur: Any) -> tuple[set[str], set[str]]:
+            rows = self._exec(cur, "SELECT manifest FROM versions").fetchall()
+            manifests = {str(r[0]) for r in rows}
+            archives: set[str] = set()
+            for (text,) in self._exec(
+                cur, "SELECT info FROM handles WHERE info LIKE ?", ('%"archive"%',)
+            ).fetchall():
+                archive = json.loads(text).get("archive")
+                if isinstance(archive, dict):
+                    archives.update(
+                        str(v[1]) for v in archive.values() if isinstance(v, list) and len(v) == 2
+                    )
+            return manifests, archives
+
+        return await self._tx(run, write=False)
+
     # -- leases -------------------------------------------------------------------
 
     @staticmethod

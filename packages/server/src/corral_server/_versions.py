@@ -12,15 +12,20 @@ a materialization is closed at stop, which releases the provider's data,
 and the next materialization may be on another provider instance, machine
 or replica.
 
-Limits of the contract-only copy, stated: symlinks and special files are
-not carried (a version records files and directories), and permission modes
-are recorded and reported but not re-applied on materialize (``FileSystem``
-has no chmod).
+A version carries regular files with their permission bits, directories
+with theirs, and symlinks *as links* (the target text; never followed, so a
+link out of the workspace pulls nothing in). The ``fs`` contract reports
+links and modes but cannot read a target or set a mode, so those two go
+through the box's ``shell`` (:mod:`corral_server._linkmodes`). A box
+without a shell module cannot carry them: its links are left out and its
+modes are not re-applied (logged). Special files (FIFOs, sockets, devices)
+are never carried.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Final
@@ -33,17 +38,24 @@ from corral.provider import (
     FileStat,
     FileSystem,
     OperationError,
+    Shell,
     join_path,
     path_parts,
 )
 
 from ._blobs import BlobStore
 from ._errors import ServiceError
+from ._linkmodes import MODE_MASK, apply_modes, make_links, read_links
 
 __all__ = ["EMPTY_MANIFEST", "Manifest", "VersionReader", "capture", "restore"]
 
+log = logging.getLogger("corral.server.versions")
+
 Manifest = dict[str, tuple[str, int, int, str]]
-"""Agent path -> (type, mode, size, digest); ``/`` is always a directory."""
+"""Agent path -> (type, mode, size, digest); ``/`` is always a directory.
+
+A ``symlink`` entry keeps its target text where a file keeps its digest
+(and the target's length as its size)."""
 
 EMPTY_MANIFEST: Final[Manifest] = {"/": ("dir", 0o755, 0, "")}
 MAX_ENTRIES: Final = 200_000
@@ -108,6 +120,8 @@ class VersionReader:
     def read_sync(self, digest: str, path: object, max_bytes: int) -> bytes:
         """A file's content in a version."""
         _, (kind, _mode, size, blob) = self._entry(digest, path)
+        if kind == "symlink":
+            raise ServiceError("that path is a symbolic link (never followed)")
         if kind != "file":
             raise ServiceError("that path is a directory", code="invalid_argument")
         if size > max_bytes:
@@ -132,47 +146,114 @@ class VersionReader:
         return sorted(out, key=lambda e: e.name)
 
 
-async def capture(fs: FileSystem, blobs: BlobStore) -> tuple[bytes, int, int]:
-    """Copy a live workspace's files into the blob store; return (manifest, files, bytes).
+def _child(folder: str, name: object) -> str | None:
+    """The agent path of a listed name, or None for a name no listing should produce."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\0" in name:
+        return None
+    return join_path(folder, name)
+
+
+async def capture(
+    fs: FileSystem, blobs: BlobStore, shell: Shell | None = None
+) -> tuple[bytes, int, int]:
+    """Copy a live workspace's tree into the blob store; return (manifest, files, bytes).
+
+    Files and directories come through ``fs`` (with their modes); link
+    targets through ``shell`` (see :mod:`corral_server._linkmodes`).
 
     Raises:
-        ServiceError: ``too_large`` past :data:`MAX_ENTRIES` entries.
+        ServiceError: ``too_large`` past :data:`MAX_ENTRIES` entries;
+            ``failed`` when the box could not report its links.
     """
-    manifest: Manifest = {"/": ("dir", 0o755, 0, "")}
+    manifest: Manifest = {"/": ("dir", (await fs.stat("/")).mode & MODE_MASK, 0, "")}
+    links: list[tuple[str, int]] = []
     todo = ["/"]
     files = total = 0
     while todo:
         folder = todo.pop()
         entries: Sequence[FileEntry] = await fs.ls(folder)
         for entry in entries:
-            if len(manifest) >= MAX_ENTRIES:
+            if len(manifest) + len(links) >= MAX_ENTRIES:
                 raise ServiceError(
                     f"the workspace holds more than {MAX_ENTRIES} entries", code="too_large"
                 )
-            path = join_path(folder, entry.name)
+            path = _child(folder, entry.name)
+            if path is None:
+                log.warning("a listing returned an unusable name; left out of the version")
+                continue
             if entry.type == "dir":
                 st = await fs.stat(path)
-                manifest[path] = ("dir", st.mode, 0, "")
+                manifest[path] = ("dir", st.mode & MODE_MASK, 0, "")
                 todo.append(path)
             elif entry.type == "file":
                 st = await fs.stat(path)
                 data = await fs.read_file(path)
                 digest = await anyio.to_thread.run_sync(blobs.put, data)
-                manifest[path] = ("file", st.mode, len(data), digest)
+                manifest[path] = ("file", st.mode & MODE_MASK, len(data), digest)
                 files += 1
                 total += len(data)
+            elif entry.type == "symlink":
+                links.append((path, (await fs.stat(path)).mode & MODE_MASK))
+    if links and shell is None:
+        log.warning("the box has no shell module: %d symlinks left out of the version", len(links))
+    elif links:
+        assert shell is not None
+        targets = await read_links(shell, [p for p, _m in links])
+        for path, mode in links:
+            target = targets[path]
+            manifest[path] = ("symlink", mode, len(target.encode()), target)
     return encode(manifest), files, total
 
 
-async def restore(fs: FileSystem, blobs: BlobStore, manifest: Manifest) -> None:
-    """Write a version's directories and files into a freshly opened (empty) workspace."""
-    for path, (kind, *_rest) in sorted(manifest.items()):
+def _checked(manifest: Manifest) -> list[tuple[str, tuple[str, int, int, str]]]:
+    """Entries sorted by path, each under a directory of the manifest (else ``failed``).
+
+    A stored manifest is ours, but a parent that is a link would make a
+    write go through it: refused rather than trusted.
+    """
+    for path in manifest:
+        if path == "/":
+            continue
+        parent = path.rsplit("/", 1)[0] or "/"
+        if manifest.get(parent, ("",))[0] != "dir":
+            raise ServiceError("a stored version is inconsistent", code="failed")
+    return sorted(manifest.items())
+
+
+async def restore(
+    fs: FileSystem, blobs: BlobStore, manifest: Manifest, shell: Shell | None = None
+) -> None:
+    """Write a version's tree into a freshly opened (empty) workspace.
+
+    Directories, then files (through ``fs``), then links, then the modes
+    that differ from what the box created (through ``shell``), directories
+    deepest first.
+    """
+    entries = _checked(manifest)
+    for path, (kind, *_rest) in entries:
         if kind == "dir" and path != "/":
             await fs.mkdir(path, parents=True)
-    for path, (kind, _mode, _size, digest) in sorted(manifest.items()):
+    for path, (kind, _mode, _size, digest) in entries:
         if kind == "file":
             data = await anyio.to_thread.run_sync(blobs.get, digest)
             await fs.write_file(path, data)
+    links = [(path, target) for path, (kind, _m, _s, target) in entries if kind == "symlink"]
+    if shell is None:
+        if links:
+            log.warning("the box has no shell module: %d symlinks not restored", len(links))
+        return
+    await make_links(shell, links)
+    changes: list[tuple[str, int]] = []
+    for path, (kind, mode, _size, _digest) in entries:
+        if kind in ("file", "dir") and (await fs.stat(path)).mode & MODE_MASK != mode:
+            changes.append((path, mode))
+    files = [(p, m) for p, m in changes if manifest[p][0] == "file"]
+    dirs = sorted(
+        ((p, m) for p, m in changes if manifest[p][0] == "dir"),
+        key=lambda pm: pm[0].count("/"),
+        reverse=True,
+    )
+    await apply_modes(shell, files + dirs)
 
 
 def manifest_json(manifest: Manifest) -> list[dict[str, Any]]:
