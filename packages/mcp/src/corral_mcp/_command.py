@@ -121,7 +121,9 @@ async def _durable_provider(args: argparse.Namespace) -> corral.provider.Workspa
     try:
         from corral_server import DurableWorkspaceProvider
     except ImportError:
-        raise ConfigError("--workspace needs corral-server: pip install corral-server") from None
+        raise ConfigError(
+            "--workspace needs corral-server: pip install 'corral-mcp[server]'"
+        ) from None
     return await DurableWorkspaceProvider.connect(
         args.workspace, url=args.server_url, token=args.server_token
     )
