@@ -29,7 +29,7 @@ from typing import Any, Final
 import attrs
 
 from ._errors import OperationError
-from ._paths import normalize_path, path_parts
+from ._paths import normalize_path
 from ._schema import Arg
 
 __all__ = ["WORKSPACE_PATH", "PathView", "path_fields", "paths_note", "workspace_path_of"]
@@ -84,11 +84,17 @@ class PathView:
         """
         if self.root == "/" or not value.startswith("/"):
             return None
-        parts = path_parts(value)
-        prefix = path_parts(self.root)
-        if parts[: len(prefix)] != prefix:
-            return None
-        return "/" + "/".join(parts[len(prefix) :])
+        # Canonical strings (both cached): a component-wise prefix test is a
+        # string prefix test ending at a "/". Runs on every path argument.
+        path = normalize_path(value)
+        root = normalize_path(self.root)
+        if root == "/":  # a root spelled oddly (``/a/..``): everything is under it
+            return path
+        if path == root:
+            return "/"
+        if path.startswith(root) and path[len(root)] == "/":
+            return path[len(root) :]
+        return None
 
 
 @functools.cache

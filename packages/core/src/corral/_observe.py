@@ -329,7 +329,12 @@ class EventStream:
         ignorers = self._ignorers
         if ignorers is None:
             return True
-        return not all(ignores() for ignores in ignorers)
+        # A loop, not any(genexpr): this runs on every tool call, and the
+        # generator cost more than the one check it wraps.
+        for ignores in ignorers:  # noqa: SIM110
+            if not ignores():
+                return True
+        return False
 
     def emit(self, event: Event) -> None:
         """Deliver ``event`` to every sink; never raises, never waits."""

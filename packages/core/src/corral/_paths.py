@@ -74,8 +74,17 @@ def _split(path: str) -> tuple[str, ...]:
     return tuple(parts)
 
 
+@functools.lru_cache(maxsize=1024)
+def _normalized(path: str) -> str:
+    return "/" + "/".join(_clean_parts(path))
+
+
 def normalize_path(path: str) -> str:
     """Return the canonical agent-view form of a path: ``/a/b``, or ``/``."""
+    if type(path) is str:
+        # Every tool call normalises its paths in validation and again in the
+        # provider: cached like the parts (failures are not cached).
+        return _normalized(path)
     return "/" + "/".join(path_parts(path))
 
 

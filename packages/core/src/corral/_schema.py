@@ -150,7 +150,8 @@ class ArgsSchema(Generic[ArgsT]):
         """
         if arguments is None:
             arguments = {}
-        if not isinstance(arguments, Mapping):
+        # ``type is dict`` first: decoded JSON always is one, and the ABC check costs more.
+        if type(arguments) is not dict and not isinstance(arguments, Mapping):
             raise OperationError("arguments must be a JSON object", code="invalid_argument")
         checks = self._checks
         values: dict[str, object] = {}

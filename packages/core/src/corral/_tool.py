@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final, Generic, NamedTuple, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Generic, Protocol, TypeVar, cast
 
 import attrs
 from attrs import AttrsInstance
@@ -38,7 +38,6 @@ __all__ = [
     "ToolHandler",
     "ToolHints",
     "ToolImage",
-    "ToolOutput",
     "ToolRenderer",
     "ToolResult",
     "ToolSpec",
@@ -56,6 +55,42 @@ ResultT = TypeVar("ResultT")
 # JSONEncoder on every call, which costs more than encoding a small result.
 _ENCODER: Final = json.JSONEncoder(ensure_ascii=False, default=str)
 
+_CEncoder = Callable[[object, int], Sequence[str]]
+
+
+def _c_encoder() -> _CEncoder | None:
+    """CPython's C encoder for ``_ENCODER``'s options, built once (None without one: PyPy).
+
+    ``_ENCODER.encode`` builds one per call behind two Python-level calls,
+    about a third of a small result's encoding time. This one has no
+    circular-reference bookkeeping (its ``markers`` dict is per call), so it
+    holds no state and is shared; circular data ends in RecursionError, and
+    :func:`_encode` then lets ``_ENCODER`` raise its own error.
+    """
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    # The arguments JSONEncoder.iterencode passes for _ENCODER (markers None).
+    return cast(
+        _CEncoder,
+        make(None, str, json.encoder.encode_basestring, None, ": ", ", ", False, False, True),
+    )
+
+
+_C_ENCODER: Final = _c_encoder()
+
+
+def _encode(data: object) -> str:
+    """``_ENCODER.encode(data)``: the same text, and the same errors."""
+    if _C_ENCODER is None:
+        return _ENCODER.encode(data)
+    try:
+        return "".join(_C_ENCODER(data, 0))
+    except RecursionError:
+        # Circular (or too deep): the checking encoder raises what it raises
+        # (ValueError: Circular reference detected).
+        return _ENCODER.encode(data)
+
 
 def render_json(data: object) -> str:
     """The default renderer: text as it is, anything else as compact JSON."""
@@ -63,7 +98,7 @@ def render_json(data: object) -> str:
         data = data.data
     if isinstance(data, str):
         return data
-    return _ENCODER.encode(data)
+    return _encode(data)
 
 
 @attrs.frozen
@@ -218,34 +253,30 @@ ToolRenderer = Callable[[ResultT], str]
 """Turns a tool's result into the text the model reads (default: :func:`render_json`)."""
 
 
-class ToolOutput(NamedTuple):
-    """A handler's result and its rendering, before the toolset wraps it.
-
-    Attributes:
-        data: What the handler returned (a :class:`ToolContent`'s data).
-        text: What the tool's renderer made of it.
-        images: A :class:`ToolContent`'s images.
-    """
-
-    data: object
-    text: str
-    images: tuple[ToolImage, ...] = ()
-
-
-class PreparedCall(NamedTuple, Generic[PolicyT, ModuleT]):
+class PreparedCall(Generic[PolicyT, ModuleT]):
     """A tool call whose arguments passed validation, ready to run (and re-run).
 
-    A named tuple: one is built per call on the hot path.
+    Built only by :meth:`ToolSpec.prepare`, once per call on the hot path: so
+    it is two slots and no closures, the work being done by functions its
+    spec built once.
 
     Attributes:
         arguments: The validated arguments object.
-        as_mapping: The arguments keyed by JSON name (computed on demand).
-        run: Runs handler and renderer in an environment.
     """
 
-    arguments: object
-    as_mapping: Callable[[], dict[str, object]]
-    run: Callable[[ToolEnv[PolicyT, ModuleT]], Awaitable[ToolOutput]]
+    __slots__ = ("_spec", "arguments")
+
+    def __init__(self, spec: ToolSpec[PolicyT, ModuleT], arguments: object) -> None:
+        self._spec = spec
+        self.arguments = arguments
+
+    def run(self, env: ToolEnv[PolicyT, ModuleT]) -> Awaitable[ToolResult]:
+        """Run handler and renderer in ``env``; the tool's (successful) result."""
+        return self._spec._run(env, self.arguments)
+
+    def as_mapping(self) -> dict[str, object]:
+        """The arguments keyed by their JSON names (computed on demand, for result filters)."""
+        return self._spec._as_mapping(self.arguments)
 
 
 class ToolSpec(Generic[PolicyT, ModuleT]):
@@ -276,7 +307,10 @@ class ToolSpec(Generic[PolicyT, ModuleT]):
     """
 
     __slots__ = (
-        "_prepare",
+        "_as_mapping",
+        "_parse",
+        "_parse_strict",
+        "_run",
         "args_type",
         "description",
         "hints",
@@ -322,18 +356,24 @@ class ToolSpec(Generic[PolicyT, ModuleT]):
         self.hints = hints
         self.output_schema = copy.deepcopy(output_schema)
 
-        def prepare(arguments: object, strict_form: bool) -> PreparedCall[PolicyT, ModuleT]:
-            parsed = (strict if strict_form else compiled).parse(arguments)
+        # Built once per spec, not per call: a call allocates only its PreparedCall.
+        self._parse: Callable[[object], object] = compiled.parse
+        self._parse_strict: Callable[[object], object] = strict.parse
 
-            async def run(env: ToolEnv[PolicyT, ModuleT]) -> ToolOutput:
-                data = await handler(env, parsed)
-                if isinstance(data, ToolContent):
-                    return ToolOutput(data.data, renderer(data), data.images)
-                return ToolOutput(data, renderer(data))
+        # The one trust point of the erased runner: a PreparedCall carries only
+        # what this spec's own validators returned (see ``prepare``), so its
+        # arguments object is an ArgsT.
+        async def run(env: ToolEnv[PolicyT, ModuleT], parsed: object) -> ToolResult:
+            data = await handler(env, cast(ArgsT, parsed))
+            if isinstance(data, ToolContent):
+                return ToolResult(renderer(data), data=data.data, images=data.images)
+            return ToolResult(renderer(data), data=data)
 
-            return PreparedCall(parsed, lambda: compiled.as_mapping(parsed), run)
+        def as_mapping(parsed: object) -> dict[str, object]:
+            return compiled.as_mapping(cast(ArgsT, parsed))
 
-        self._prepare = prepare
+        self._run: Callable[[ToolEnv[PolicyT, ModuleT], object], Awaitable[ToolResult]] = run
+        self._as_mapping: Callable[[object], dict[str, object]] = as_mapping
 
     def prepare(self, arguments: object, *, strict: bool = False) -> PreparedCall[PolicyT, ModuleT]:
         """Validate the model's arguments (no I/O) and return the runnable call.
@@ -348,7 +388,7 @@ class ToolSpec(Generic[PolicyT, ModuleT]):
             OperationError: ``invalid_argument``/``invalid_path``, naming the
                 argument and never echoing its value.
         """
-        return self._prepare(arguments, strict)
+        return PreparedCall(self, (self._parse_strict if strict else self._parse)(arguments))
 
     def __repr__(self) -> str:
         return f"ToolSpec({self.name!r}, args={self.args_type.__qualname__})"

@@ -53,7 +53,7 @@ from ._observe import (
 from ._progress import ProgressCallback, reporting_progress
 from ._regex import RegexEngine, RegexModuleEngine
 from ._registry import ScopedWorkspace
-from ._tool import PreparedCall, SessionControl, Tool, ToolEnv, ToolOutput, ToolResult, ToolSpec
+from ._tool import PreparedCall, SessionControl, Tool, ToolEnv, ToolResult, ToolSpec
 
 __all__ = ["ResultFilter", "ToolHost", "WorkspaceToolset"]
 
@@ -218,6 +218,26 @@ class _ViewCache:
         return view
 
 
+def _located(
+    view: PathView, fields: tuple[str, ...], arguments: object
+) -> dict[str, object] | None:
+    """The arguments with absolute paths under the mount path made workspace-relative.
+
+    None when nothing changes (always for a workspace seen at ``/``). Runs
+    after validation: the caller validates what this returns again.
+    """
+    if view.root == "/" or (type(arguments) is not dict and not isinstance(arguments, Mapping)):
+        return None
+    changed: dict[str, object] = {}
+    for name in fields:
+        value = arguments.get(name)
+        if isinstance(value, str) and value.startswith("/"):
+            inner = view.accept(value)
+            if inner is not None:
+                changed[name] = inner
+    return {**arguments, **changed} if changed else None
+
+
 class _Env(Generic[PolicyT, ModuleT]):
     """The :class:`ToolEnv` a capability's handlers get: policy, module, session control."""
 
@@ -251,6 +271,24 @@ class _Env(Generic[PolicyT, ModuleT]):
     async def paths(self) -> PathView:
         host = self._host
         return self._views.get(host.live() or await host.get())
+
+
+def _tool(
+    spec: ToolSpec[PolicyT, ModuleT],
+    capability: str,
+    invoke: Callable[[object, bool], Awaitable[ToolResult]],
+) -> Tool:
+    """The public :class:`Tool` of a spec, calling ``invoke`` (the toolset's pipeline)."""
+    return Tool(
+        spec.name,
+        spec.description,
+        spec.parameters,
+        capability,
+        invoke=invoke,
+        strict_parameters=spec.strict_parameters,
+        hints=spec.hints,
+        output_schema=spec.output_schema,
+    )
 
 
 class _Binding(NamedTuple, Generic[PolicyT, ModuleT]):
@@ -315,6 +353,7 @@ class WorkspaceToolset:
         self.log = logger or log
         self.policies: dict[str, object] = {}
         self._tools: dict[str, Tool] = {}
+        self._invokers: dict[str, Callable[[object, bool], Awaitable[ToolResult]]] = {}
         self._descriptions: dict[str, str] = {}
         self._location: tuple[str | None] | None = None
         self._views = _ViewCache()
@@ -347,7 +386,12 @@ class WorkspaceToolset:
                 raise ConfigError(f"capability {name!r}: tool names must start with workspace_")
             if spec.name in self._tools:
                 raise ConfigError(f"tool {spec.name!r} is contributed twice")
-            self._tools[spec.name] = self._bind(spec, env, name)
+            # A partial, not a closure around _invoke: one coroutine less per call.
+            invoke = functools.partial(
+                self._invoke, _Binding(spec, env, name, path_fields(spec.args_type))
+            )
+            self._invokers[spec.name] = invoke
+            self._tools[spec.name] = _tool(spec, name, invoke)
 
     @property
     def tools(self) -> tuple[Tool, ...]:
@@ -368,14 +412,15 @@ class WorkspaceToolset:
         ``strict`` also accepts the strict-mode form of the arguments
         (:attr:`Tool.strict_parameters`).
         """
-        tool = self._tools.get(name)
-        if tool is None:
+        invoke = self._invokers.get(name)
+        if invoke is None:
             return ToolResult(
                 f"unknown tool {echo_if_short(name)!r}; available: {', '.join(self._tools)}",
                 is_error=True,
                 error_code="invalid_argument",
             )
-        return await tool(arguments, strict=strict)
+        # What Tool.__call__ would await, without its coroutine in between.
+        return await invoke(arguments, strict)
 
     def check_user_tools(self, names: Iterable[str]) -> None:
         """Refuse user tools in the reserved ``workspace_``/``companion__`` namespaces.
@@ -440,24 +485,6 @@ class WorkspaceToolset:
 
     # -- the call pipeline ---------------------------------------------------------
 
-    def _bind(
-        self, spec: ToolSpec[PolicyT, ModuleT], env: ToolEnv[PolicyT, ModuleT], capability: str
-    ) -> Tool:
-        # A partial, not a closure around _invoke: one coroutine less per call.
-        invoke = functools.partial(
-            self._invoke, _Binding(spec, env, capability, path_fields(spec.args_type))
-        )
-        return Tool(
-            spec.name,
-            spec.description,
-            spec.parameters,
-            capability,
-            invoke=invoke,
-            strict_parameters=spec.strict_parameters,
-            hints=spec.hints,
-            output_schema=spec.output_schema,
-        )
-
     async def _invoke(
         self, binding: _Binding[PolicyT, ModuleT], arguments: object, strict: bool
     ) -> ToolResult:
@@ -467,16 +494,26 @@ class WorkspaceToolset:
         call: PreparedCall[PolicyT, ModuleT] | None = None
         try:
             call = spec.prepare(arguments, strict=strict)
-            # Locating may open the workspace (a lazy open can pull an image).
-            with self._progress_scope():
-                located = await self._locate_paths(paths, arguments) if paths else None
-                if located is not None:
-                    call = spec.prepare(located, strict=strict)
+            live = self.registry.live() if paths else None
+            if self.on_progress is None and (live is not None or not paths):
+                # The common case, without an await before the handler's: the
+                # workspace is live (its path view cached) or no path needs it.
+                if live is not None:
+                    view = self._views.get(live)
+                    located = None if view.root == "/" else _located(view, paths, arguments)
+                    if located is not None:
+                        call = spec.prepare(located, strict=strict)
                 try:
-                    output = await call.run(env)
+                    result = await call.run(env)
                 except WorkspaceEvictedError:
-                    output = await self._retry_after_eviction(spec.name, call, env)
-            result = ToolResult(output.text, data=output.data, images=output.images)
+                    result = await self._retry_after_eviction(spec.name, call, env)
+            else:
+                # Locating may open the workspace (a lazy open can pull an image).
+                with self._progress_scope():
+                    located = await self._locate_paths(paths, arguments) if paths else None
+                    if located is not None:
+                        call = spec.prepare(located, strict=strict)
+                    result = await self._run_retrying(spec.name, call, env)
         except OperationError as exc:
             result = ToolResult(exc.message, is_error=True, error_code=exc.code)
         except WorkspaceFailedError as exc:
@@ -499,17 +536,25 @@ class WorkspaceToolset:
                 error_code="internal",
             )
         finally:
-            host = self.registry
             status: ToolStatus = (
                 "cancelled" if result is None else ("error" if result.is_error else "ok")
             )
             # Most calls are ok ones nobody but a DEBUG log would see: no event then.
-            if status != "ok" or host.observes_ok_tool_calls():
+            if status != "ok" or self.registry.observes_ok_tool_calls():
                 self._finished(spec, capability, status, started, result)
         if self._filter is not None:
             args = call.as_mapping() if call is not None else {}
             result = await self._apply_filter(spec.name, args, result)
         return result
+
+    async def _run_retrying(
+        self, tool: str, call: PreparedCall[PolicyT, ModuleT], env: ToolEnv[PolicyT, ModuleT]
+    ) -> ToolResult:
+        """Run the call, and once more if the workspace was evicted (the general path)."""
+        try:
+            return await call.run(env)
+        except WorkspaceEvictedError:
+            return await self._retry_after_eviction(tool, call, env)
 
     def _finished(
         self,
@@ -542,29 +587,17 @@ class WorkspaceToolset:
     async def _locate_paths(
         self, fields: tuple[str, ...], arguments: object
     ) -> dict[str, object] | None:
-        """The arguments with absolute paths under the mount path made workspace-relative.
+        """:func:`_located` on the general path, where the workspace may not be open yet.
 
-        None when nothing changes. Runs after validation, and asks for the
-        workspace only when some path argument is absolute (a relative one
-        never depends on the mount path).
+        Asks for the workspace (opening it) only when some path argument is
+        absolute: a relative one never depends on the mount path.
         """
         if not isinstance(arguments, Mapping):
             return None
-        absolute = [
-            f for f in fields if isinstance(v := arguments.get(f), str) and v.startswith("/")
-        ]
-        if not absolute:
+        if not any(isinstance(v := arguments.get(f), str) and v.startswith("/") for f in fields):
             return None
         host = self.registry
-        view = self._views.get(host.live() or await host.get())
-        if view.root == "/":
-            return None  # every absolute path already is a workspace path
-        changed: dict[str, object] = {}
-        for name in absolute:
-            inner = view.accept(arguments[name])
-            if inner is not None:
-                changed[name] = inner
-        return {**arguments, **changed} if changed else None
+        return _located(self._views.get(host.live() or await host.get()), fields, arguments)
 
     def locate(self, workspace_path: str | None) -> None:
         """Tell the model where the workspace is, in the descriptions of the tools that use paths.
@@ -582,18 +615,18 @@ class WorkspaceToolset:
 
     async def _retry_after_eviction(
         self, tool: str, call: PreparedCall[PolicyT, ModuleT], env: ToolEnv[PolicyT, ModuleT]
-    ) -> ToolOutput:
+    ) -> ToolResult:
         """Run the call once more after the first run found the workspace evicted."""
         host = self.registry
         host.mark_evicted()
         try:
-            output = await call.run(env)
+            result = await call.run(env)
         except WorkspaceEvictedError:
             host.mark_evicted()
             self._retried(tool, "exhausted")
             raise
         self._retried(tool, "recovered")
-        return output
+        return result
 
     def _retried(self, tool: str, outcome: Literal["recovered", "exhausted"]) -> None:
         host = self.registry
