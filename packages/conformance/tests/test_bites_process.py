@@ -224,6 +224,26 @@ _LEAKED: list[Any] = []
 """Workspaces whose close was skipped by a defect; the test closes them for real."""
 
 
+class _OwnTimeoutWording(_Forward):
+    """A timeout reads as killed with a reason of its own wording: streamed results miss it."""
+
+    @staticmethod
+    def _reworded(info: ProcessInfo) -> ProcessInfo:
+        return attrs.evolve(info, reason="timed out") if info.reason == "timeout" else info
+
+    async def info(self, process_id: str) -> ProcessInfo:
+        return self._reworded(await self.inner.info(process_id))
+
+    async def wait(self, process_id: str, *, timeout_s: float) -> ProcessInfo:
+        return self._reworded(await self.inner.wait(process_id, timeout_s=timeout_s))
+
+    async def kill(self, process_id: str) -> ProcessInfo:
+        return self._reworded(await self.inner.kill(process_id))
+
+    async def list(self) -> Sequence[ProcessInfo]:
+        return [self._reworded(i) for i in await self.inner.list()]
+
+
 def _local_bash() -> Any:
     from corral_local_bash import LocalBashProvider
 
@@ -293,6 +313,7 @@ _CASES: list[tuple[type[_Forward], tuple[str, ...]]] = [
     (_SwappedSize, ("process_terminal_echo_and_size",)),
     (_StaleAfterClose, ("process_module_is_closed_after_close",)),
     (_SharedAcrossWorkspaces, ("process_handles_stay_in_their_workspace",)),
+    (_OwnTimeoutWording, ("process_timeout_kills_it",)),
     (
         _LeavesThemRunning,
         ("process_closing_the_workspace_kills_them", "process_module_is_closed_after_close"),

@@ -29,6 +29,8 @@ from corral.provider import (
     Workspace,
 )
 from corral_posix import TmpdirWorkspaceProvider
+from corral_posix import _processes as processes_module
+from corral_posix._prochost_launch import PROCESS_HOSTS
 from corral_posix._streamlog import segment_size
 
 pytestmark = pytest.mark.anyio
@@ -176,6 +178,42 @@ async def test_read_waits_for_new_bytes_and_wakes_on_them(ws: Workspace) -> None
         # A long wait that returns with data proves it woke on the bytes.
         chunk = await pm.read(pid, cursor=0, wait_s=60)
     assert chunk.data == b"got-x\n"
+
+
+async def test_waiting_on_a_closed_stream_of_a_running_process_does_not_spin(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its end is known only once the process ends: the wake-up comes then, not at once."""
+    pm = pm_of(ws)
+    pid = await start(pm, "echo bye; exec >&-; sleep 1000")
+    end = await read_until(pm, pid, b"bye\n")
+    looks = []
+    real = processes_module._status_and_bytes
+
+    def counted(*args: Any) -> Any:
+        looks.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(processes_module, "_status_and_bytes", counted)
+    chunk = await pm.read(pid, cursor=end, wait_s=1.0)
+    assert (chunk.data, chunk.ended) == (b"", False)
+    # A wake-up at once would send the reader back to the files in a loop.
+    assert len(looks) <= 3, f"the read looked at the files {len(looks)} times while waiting"
+    await pm.kill(pid)
+
+
+async def test_a_ready_host_that_died_is_replaced(ws: Workspace) -> None:
+    """The host kept ready ahead of time may be gone by the next start: another one serves it."""
+    pm = pm_of(ws)
+    assert await read_all(pm, await start(pm, "echo warm")) == b"warm\n"
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    theirs.close()  # stands for a ready host that died
+    with PROCESS_HOSTS._ready_lock:
+        kept, PROCESS_HOSTS._ready = PROCESS_HOSTS._ready, ours
+    if kept is not None:
+        kept.close()  # the real one sees EOF and exits
+    assert await read_all(pm, await start(pm, "echo served")) == b"served\n"
+    assert ours.fileno() == -1  # found dead and closed, not used
 
 
 async def test_background_server_answers_on_loopback(ws: Workspace) -> None:
@@ -375,6 +413,45 @@ async def test_signal_reaches_the_process(ws: Workspace) -> None:
     await pm.signal(pid, signal.SIGTERM)
     info = await pm.wait(pid, timeout_s=20)
     assert (info.state, info.exit_code) == ("exited", 5)
+
+
+async def test_another_program_signals_and_kills_but_cannot_type(tmp_path: Path) -> None:
+    """A resolve elsewhere reaches the process host (whole tree); input stays with its owner."""
+    provider = ProcProvider(tmpdir_root=str(tmp_path))
+    opened = await provider.open(corral.ProviderConfig("proc-test"), corral.SessionRef("t"))
+    other = await ProcProvider(tmpdir_root=str(tmp_path)).resolve(opened.ref)
+    try:
+        pm, theirs = pm_of(opened.workspace), pm_of(other)
+        trapped = await start(
+            pm, "trap 'echo got-term; exit 5' TERM; echo ready; while :; do sleep 0.05; done"
+        )
+        tree = await start(
+            pm,
+            "setsid sh -c 'sleep 1000 & echo $!' ; (sh -c 'sleep 1000 & echo $!' &) ; sleep 1000",
+        )
+        await read_until(pm, trapped, b"ready")
+        seen, cursor = b"", 0
+        while seen.count(b"\n") < 2:
+            chunk = await theirs.read(tree, cursor=cursor, wait_s=10)
+            seen, cursor = seen + chunk.data, chunk.next_cursor
+        escaped = [int(x) for x in seen.split()]
+        await theirs.signal(trapped, signal.SIGTERM)
+        info = await theirs.wait(trapped, timeout_s=20)
+        assert (info.state, info.exit_code) == ("exited", 5)
+        for call in (theirs.write_stdin(tree, b"x"), theirs.close_stdin(tree)):
+            with pytest.raises(OperationError) as exc:
+                await call
+            assert exc.value.code == "busy"
+            assert "belong to the program that started it" in str(exc.value)
+        info = await theirs.kill(tree)
+        assert (info.state, info.signal) == ("killed", signal.SIGKILL)
+        for p in escaped:
+            assert await gone(p)
+        assert (await pm.info(tree)).state == "killed"
+        assert await theirs.kill(tree) == info  # idempotent from there too
+    finally:
+        await other.close()
+        await opened.workspace.close()
 
 
 async def test_closing_the_workspace_kills_every_process(tmp_path: Path) -> None:

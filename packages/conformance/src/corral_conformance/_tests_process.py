@@ -90,7 +90,8 @@ KILL_TREE = define(
 TIMEOUT = define(
     "process.timeout",
     "ProcessRequest.timeout_s",
-    "A process still running at its timeout_s is killed with its tree (state killed).",
+    "A process still running at its timeout_s is killed with its tree (state killed, "
+    "reason 'timeout': streamed results report timed_out from it).",
 )
 WAIT_END = define(
     "process.wait",
@@ -410,12 +411,14 @@ class AbstractProcessTests:
     @rule(TIMEOUT)
     @pytest.mark.anyio
     async def test_process_timeout_kills_it(self, conformance: Harness) -> None:
-        """A process past its timeout_s is killed."""
+        """A process past its timeout_s is killed, and says it was the timeout."""
         h = conformance
         async with _processes(h) as pm:
             info = await _start(h, pm, "sleep 300", timeout_s=0.3)
             final = await _finished(h, pm, info.process_id)
             assert final.state == "killed", f"state after the timeout: {final.state}"
+            # The streamed run results' timed_out is read from this exact value.
+            assert final.reason == "timeout", f"reason after the timeout: {final.reason!r}"
 
     @rule(WAIT_END)
     @pytest.mark.anyio

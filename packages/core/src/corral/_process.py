@@ -131,8 +131,10 @@ class ProcessInfo:
         stdout_start: The earliest ``stdout`` cursor still readable.
         stderr_start: The same for ``stderr``.
         stdin_open: Whether :meth:`ProcessManager.write_stdin` is accepted.
-        reason: Why it is ``lost`` or ``killed`` (timeout, workspace
-            closed, supervisor died...), else None.
+        reason: Why it is ``lost`` or ``killed``, else None: exactly
+            ``"timeout"`` when its ``timeout_s`` ran out (streamed results
+            read ``timed_out`` from it); free text otherwise (workspace
+            closed, supervisor died...).
     """
 
     process_id: str

@@ -21,6 +21,13 @@ Waiting is push, not polling: a reader sends its process host a one-shot
 fd and waits for it to become readable; the host closes it as soon as the
 stream passes the reader's cursor. Terminal input and resizes go straight
 to the pty master, which the host hands over at start.
+
+Another program (a resolve of the same workspace) signals and kills a
+running process through the socket its host listens on in the record
+(``ctl``): the host is the subreaper of exactly that tree, so no pid is
+ever guessed or reused. Its stdin and terminal stay with the program that
+started it (two writers would interleave, and one could not close what the
+other holds); from elsewhere they are refused with that reason.
 """
 
 from __future__ import annotations
@@ -69,7 +76,9 @@ from ._wrapper import IDENTITY_WRAPPER, CommandWrapper, WrapContext
 
 __all__ = ["HostProcessManager", "ProcessChecks", "check_stream_read", "read_recorded_stream"]
 
-_WAIT = struct.Struct("<BQ")
+_WAIT = struct.Struct("<BQI")
+_PUSHED = struct.Struct("<Q")
+_PUSH_MAX: Final = 1 << 16
 _SIG = struct.Struct("<i")
 _STARTED = struct.Struct("<ii")
 _WINSIZE = struct.Struct("HHHH")
@@ -82,6 +91,11 @@ _MAX_RETAINED: Final = 1 << 40
 _MAX_READ: Final = 64 << 20
 _STDIN_PIPE: Final = 1 << 20
 _FOREIGN_POLL_S: Final = 0.05
+_CONTROL: Final = "ctl"
+_INPUT_ELSEWHERE: Final = (
+    "the process's stdin and terminal belong to the program that started it; "
+    "from another program it can be read, waited for, signalled and killed"
+)
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _EOF_CHAR: Final = b"\x04"
 _FS_ENCODING: Final = sys.getfilesystemencoding()
@@ -127,6 +141,10 @@ class _Live:
         self.stdin_open = True
         self.writing = threading.Lock()
         self.ended = False
+        # Per stream: an end this manager has seen. A read from before it
+        # finds bytes on disk; from at or after it, the read asks the host,
+        # which pushes the first bytes the moment they exist.
+        self.seen = [0, 0]
 
     def close_stdin_fd(self) -> None:
         if self.stdin_fd >= 0:
@@ -219,12 +237,16 @@ class HostProcessManager:
         pid = "p" + secrets.token_hex(8)
         prepared = await anyio.to_thread.run_sync(self._prepare, pid, request)
         try:
-            sock = await PROCESS_HOSTS.new_host()
+            sock = await self._hand_over(prepared)
         except BaseException:
             prepared.close()
             raise
         try:
-            master = await self._launch(sock, prepared)
+            # Only a terminal needs the host's answer (its pty master). Without
+            # one the request is durable once sent: the record is on disk, its
+            # lock travels with the message, and a host that fails before its
+            # command runs leaves the record "lost" for every reader.
+            master = -1 if request.terminal is None else await _started(sock)
         except BaseException:
             sock.close()
             prepared.close()
@@ -243,6 +265,8 @@ class HostProcessManager:
                 raise workspace_closed()
             self._live[pid] = live
         self._ensure_monitor()
+        with contextlib.suppress(OperationError):
+            await PROCESS_HOSTS.replenish()  # or the next start asks for its own
         # The first info, by definition "running": a fast process may already
         # have ended, which the next info() reports.
         return ProcessInfo(
@@ -335,45 +359,26 @@ class HostProcessManager:
             raise
         return prepared
 
-    async def _launch(self, sock: socket.socket, prepared: _Prepared) -> int:
-        """Send the start request; return the pty master (or -1) once the host answers."""
-        fds = [prepared.record_fd, prepared.lock_fd, prepared.cwd_fd]
-        if prepared.stdin_r >= 0:
-            fds.append(prepared.stdin_r)
-        fds += prepared.pass_fds
-        spec = dict(prepared.spec)
-        spec["pass_targets"] = list(prepared.pass_fds)
-        payload = b"R" + json.dumps(spec).encode()
-        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
-        while True:
+    async def _hand_over(self, prepared: _Prepared) -> socket.socket:
+        """Send the start request to a process host; its socket.
+
+        The host kept ready ahead of time may have died since: a send that
+        finds it gone moves on to a fresh host (nothing was delivered).
+        """
+        for attempt in range(2):
+            sock = await PROCESS_HOSTS.new_host()
             try:
-                sock.sendmsg([payload], rights, socket.MSG_NOSIGNAL)
-                break
-            except BlockingIOError:
-                await anyio.wait_writable(sock)
-            except OSError as exc:
-                if exc.errno == errno.EMSGSIZE:
-                    raise OperationError(
-                        "command and environment are too large to run", code="too_large"
-                    ) from None
+                await _send_request(sock, prepared)
+            except _HostGone:
+                sock.close()
+                if attempt == 0:
+                    continue
                 raise OperationError("the process host went away", code="failed") from None
-        while True:
-            try:
-                data, anc, _flags, _addr = sock.recvmsg(
-                    64, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC
-                )
-            except BlockingIOError:
-                await anyio.wait_readable(sock)
-                continue
-            if data[:1] != b"S":
-                raise OperationError("the process host failed to start", code="failed")
-            received = [
-                int.from_bytes(payload[i : i + 4], sys.byteorder)
-                for level, kind, payload in anc
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
-                for i in range(0, len(payload) - len(payload) % 4, 4)
-            ]
-            return received[0] if received else -1
+            except BaseException:
+                sock.close()
+                raise
+            return sock
+        raise AssertionError("unreachable")
 
     # -- reading -----------------------------------------------------------------
 
@@ -395,6 +400,20 @@ class HostProcessManager:
         self._check_open()
         check_stream_read(stream, cursor, max_bytes, wait_s)
         record = self._record(process_id)
+        index = _STREAM_INDEX[stream]
+        live = self._live.get(process_id)
+        if (
+            live is not None
+            and not live.ended
+            and wait_s > 0
+            and cursor >= live.seen[index]
+            and not (live.terminal and stream == "stderr")
+        ):
+            began = time.monotonic()
+            pushed = await _pushed(live, index, cursor, min(max_bytes, _PUSH_MAX), wait_s)
+            if pushed:
+                return StreamChunk(pushed, cursor, cursor + len(pushed), False)
+            wait_s = max(0.0, wait_s - (time.monotonic() - began))
         chunk, ended = await read_recorded_stream(
             record,
             stream,
@@ -406,6 +425,8 @@ class HostProcessManager:
         )
         if ended and not chunk.data:
             self._forget_input(process_id)
+        if live is not None:
+            live.seen[index] = max(live.seen[index], chunk.next_cursor)
         return chunk
 
     async def _has_terminal(self, process_id: str, record: str) -> bool:
@@ -424,7 +445,7 @@ class HostProcessManager:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             ours.setblocking(False)
-            sent = live.send(b"W" + _WAIT.pack(index, cursor), [theirs.fileno()])
+            sent = live.send(b"W" + _WAIT.pack(index, cursor, 0), [theirs.fileno()])
             theirs.close()
             if not sent:
                 live.ended = True
@@ -442,13 +463,14 @@ class HostProcessManager:
 
         Raises:
             OperationError: ``closed`` once stdin was closed or the process
-                ended; ``busy`` while another write to it is in progress;
+                ended; ``busy`` while another write to it is in progress, or
+                when another program started it (its input stays there);
                 ``invalid_argument`` for data that is not bytes.
         """
         self._check_open()
         if not isinstance(data, bytes | bytearray | memoryview):
             raise OperationError("data must be bytes", code="invalid_argument")
-        live = self._owned(process_id)
+        live = await self._owned(process_id)
         if not live.writing.acquire(blocking=False):
             raise OperationError("another write to this process is in progress", code="busy")
         try:
@@ -466,11 +488,17 @@ class HostProcessManager:
             live.writing.release()
 
     async def close_stdin(self, process_id: str) -> None:
-        """Close stdin (EOF); on a terminal, send the EOF character once. Idempotent."""
+        """Close stdin (EOF); on a terminal, send the EOF character once. Idempotent.
+
+        Raises:
+            OperationError: ``busy`` when another program started it (its input stays there).
+        """
         self._check_open()
         live = self._live.get(process_id)
         if live is None:
-            self._record(process_id)  # not_found for an unknown id
+            info = await self.info(process_id)  # not_found for an unknown id
+            if info.state == "running":
+                raise OperationError(_INPUT_ELSEWHERE, code="busy")
             return
         # A thread lock (writes may come from several event loops): poll it.
         while not live.writing.acquire(blocking=False):  # noqa: ASYNC110
@@ -496,7 +524,7 @@ class HostProcessManager:
         self._check_open()
         if not isinstance(size, TerminalSize):
             raise OperationError("size must be a TerminalSize", code="invalid_argument")
-        live = self._owned(process_id)
+        live = await self._owned(process_id)
         if not live.terminal:
             raise OperationError("the process has no terminal", code="invalid_argument")
         if live.stdin_fd < 0 or live.ended:
@@ -525,28 +553,40 @@ class HostProcessManager:
             await self._wait_for(process_id, _END, 0, remaining)
 
     async def signal(self, process_id: str, signal: int) -> None:
-        """Send a signal to the process group (no-op once it ended)."""
+        """Send a signal to the process group (no-op once it ended).
+
+        A process another program started is signalled through its host.
+
+        Raises:
+            OperationError: ``busy`` when its host does not answer.
+        """
         self._check_open()
         if isinstance(signal, bool) or not isinstance(signal, int) or not 1 <= signal < 65:
             raise OperationError("signal must be a signal number", code="invalid_argument")
         live = self._live.get(process_id)
         if live is None:
-            info = await self.info(process_id)
-            if info.state == "running":
-                raise OperationError("the process belongs to another program", code="busy")
+            if (await self.info(process_id)).state == "running":
+                await self._tell_host(process_id, b"G" + _SIG.pack(signal))
             return
         live.send(b"G" + _SIG.pack(signal))
 
     async def kill(self, process_id: str) -> ProcessInfo:
-        """Kill the process and its whole tree; its final info (idempotent)."""
+        """Kill the process and its whole tree; its final info (idempotent).
+
+        A process another program started is killed by its host (its subreaper).
+
+        Raises:
+            OperationError: ``busy`` when its host does not answer.
+        """
         self._check_open()
         info = await self.info(process_id)
         if info.state != "running":
             return info
         live = self._live.get(process_id)
         if live is None:
-            raise OperationError("the process belongs to another program", code="busy")
-        live.send(b"Kkilled")
+            await self._tell_host(process_id, b"Kkilled")
+        else:
+            live.send(b"Kkilled")
         with anyio.move_on_after(_KILL_WAIT_S):
             return await self.wait(process_id, timeout_s=_KILL_WAIT_S)
         return await self.info(process_id)
@@ -633,14 +673,37 @@ class HostProcessManager:
             raise OperationError("no such process", code="not_found")
         return record
 
-    def _owned(self, process_id: str) -> _Live:
+    async def _owned(self, process_id: str) -> _Live:
+        """This manager's live process, else why its input cannot be reached from here."""
         live = self._live.get(process_id)
         if live is None:
-            self._record(process_id)
-            raise OperationError(
-                "the process is not running under this workspace handle", code="closed"
-            )
+            info = await self.info(process_id)  # not_found for an unknown id
+            if info.state == "running":
+                raise OperationError(_INPUT_ELSEWHERE, code="busy")
+            raise OperationError("the process ended; its stdin is closed", code="closed")
         return live
+
+    async def _tell_host(self, process_id: str, message: bytes) -> bool:
+        """Send a message to the host of a process another program started; False if it ended.
+
+        Raises:
+            OperationError: ``busy`` when it runs but its host cannot be reached.
+        """
+        record = self._record(process_id)
+        for _ in range(100):
+            sock = await anyio.to_thread.run_sync(_connect_host, record)
+            if sock is not None:
+                with sock:
+                    try:
+                        sock.send(message)
+                    except OSError:
+                        sock = None
+                    else:
+                        return True
+            if await anyio.to_thread.run_sync(_status, record) is not None:
+                return False
+            await anyio.sleep(_FOREIGN_POLL_S)  # its host is finishing or still starting
+        raise OperationError("the process's host does not answer to other programs", code="busy")
 
     def _forget_input(self, process_id: str) -> None:
         live = self._live.get(process_id)
@@ -709,6 +772,101 @@ class HostProcessManager:
         monitor = self._monitor
         if monitor is not None:
             await anyio.to_thread.run_sync(monitor.join, 5.0)
+
+
+async def _pushed(live: _Live, index: int, cursor: int, most: int, within: float) -> bytes:
+    """Wait (at most ``within`` s) for the host to push the bytes at ``cursor``; b"" if it did not.
+
+    The host answers once the stream passed ``cursor``: the stream's end,
+    then up to ``most`` bytes from ``cursor`` when its current segment holds
+    them; or it only closes the wake-up (the bytes are in an older segment,
+    the stream or the host ended), and the caller reads the files.
+    """
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    got = bytearray()
+    try:
+        ours.setblocking(False)
+        sent = live.send(b"W" + _WAIT.pack(index, cursor, most), [theirs.fileno()])
+        theirs.close()
+        if not sent:
+            live.ended = True
+            return b""
+        with anyio.move_on_after(within):
+            while len(got) < _PUSHED.size + most:
+                try:
+                    part = ours.recv(_PUSHED.size + most - len(got))
+                except BlockingIOError:
+                    await anyio.wait_readable(ours)
+                    continue
+                if not part:
+                    break
+                got += part
+    finally:
+        theirs.close()
+        ours.close()
+    if len(got) <= _PUSHED.size:
+        return b""
+    (end,) = _PUSHED.unpack_from(got)
+    live.seen[index] = max(live.seen[index], end)
+    return bytes(got[_PUSHED.size :])
+
+
+class _HostGone(Exception):
+    """The process host's socket refused the start request."""
+
+
+async def _send_request(sock: socket.socket, prepared: _Prepared) -> None:
+    """Send the ``R`` message (fds as SCM_RIGHTS) without waiting for an answer.
+
+    Raises:
+        OperationError: ``too_large`` for a command or environment over a message.
+        _HostGone: The host is gone.
+    """
+    fds = [prepared.record_fd, prepared.lock_fd, prepared.cwd_fd]
+    if prepared.stdin_r >= 0:
+        fds.append(prepared.stdin_r)
+    fds += prepared.pass_fds
+    spec = dict(prepared.spec)
+    spec["pass_targets"] = list(prepared.pass_fds)
+    payload = b"R" + json.dumps(spec).encode()
+    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
+    while True:
+        try:
+            sock.sendmsg([payload], rights, socket.MSG_NOSIGNAL)
+            break
+        except BlockingIOError:
+            await anyio.wait_writable(sock)
+        except OSError as exc:
+            if exc.errno == errno.EMSGSIZE:
+                raise OperationError(
+                    "command and environment are too large to run", code="too_large"
+                ) from None
+            raise _HostGone from None
+
+
+async def _started(sock: socket.socket) -> int:
+    """Wait for the host's ``S`` answer; the pty master it hands over (or -1).
+
+    Raises:
+        OperationError: ``failed`` when the host died instead.
+    """
+    while True:
+        try:
+            data, anc, _flags, _addr = sock.recvmsg(
+                64, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC
+            )
+        except BlockingIOError:
+            await anyio.wait_readable(sock)
+            continue
+        if data[:1] != b"S":
+            raise OperationError("the process host failed to start", code="failed")
+        received = [
+            int.from_bytes(payload[i : i + 4], sys.byteorder)
+            for level, kind, payload in anc
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+            for i in range(0, len(payload) - len(payload) % 4, 4)
+        ]
+        return received[0] if received else -1
 
 
 class _Prepared:
@@ -921,6 +1079,24 @@ def _status_and_bytes(
     final = _status(record)
     data, seen = read_stream(path, cursor, want)
     return final, data, seen
+
+
+def _connect_host(record: str) -> socket.socket | None:
+    """A connection to the control socket of a record's live host, or None (blocking)."""
+    try:
+        dir_fd = os.open(record, _DIR_FLAGS)
+    except OSError:
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        # Through the held directory fd: no symlink swapped in on the way, no path too long.
+        sock.connect(f"/proc/self/fd/{dir_fd}/{_CONTROL}")
+    except OSError:
+        sock.close()
+        return None
+    finally:
+        os.close(dir_fd)
+    return sock
 
 
 def _load_json(path: str) -> dict[str, Any] | None:

@@ -22,11 +22,22 @@ Messages on a process host's socket (SOCK_SEQPACKET, one message each):
 
 * host program -> process host: ``R`` + JSON request, with the record
   directory, lock, working-directory, stdin and wrapper fds (SCM_RIGHTS);
-  ``W`` + ``WAIT`` (stream 0/1, or 2 for "the end", and a cursor) with one
-  fd: the host closes that fd once the stream has bytes beyond the cursor
-  (or ended) -- a one-shot wake-up each reader waits on by itself, so any
-  number of readers on any event loop or thread wait without polling;
+  ``W`` + ``WAIT`` (stream 0/1, or 2 for "the end", a cursor, and how many
+  bytes the reader takes pushed) with one fd: the host closes that fd once
+  the stream has bytes beyond the cursor (or, for an ended stream, once the
+  final state is on disk) -- a one-shot wake-up each reader waits on by
+  itself, so any number of readers on any event loop or thread wait without
+  polling. Before closing it, the host writes ``PUSHED`` (the stream's end)
+  and up to that many bytes from the cursor when the current segment holds
+  them (``sendfile``): the reader that was waiting for the first byte gets
+  it without touching the files (they are the same bytes, already on disk);
   ``G`` + ``SIG``: signal the process group; ``K`` + reason: kill the tree.
+* another program (a resolve of the same workspace elsewhere) -> process
+  host: ``W``, ``G`` and ``K`` as above, on a connection to ``<record>/ctl``,
+  a socket the host listens on while the command runs (the record directory
+  is private to the host program's user; the peer's uid is checked too).
+  Its stdin and terminal stay with the program that started it: two writers
+  could interleave input, and one could not close what the other holds.
 * process host -> host program: ``S`` + ``STARTED`` (pid, exec errno), with
   the pty master when there is one (the host program writes terminal input
   and resizes through it directly); ``X`` once the final state is on disk.
@@ -81,8 +92,13 @@ _BURST = 16 << 20
 _PIPE_SIZE = 1 << 20
 _DRAIN_GRACE_S = 2.0
 _MAX_WAITERS = 64
+_MAX_OTHERS = 16
+CONTROL = "ctl"
 _MAX_POLL_MS = 3_600_000
-WAIT = struct.Struct("<BQ")
+_START_QUIET_S = 0.005
+_SPARE_LATE_MS = 50
+WAIT = struct.Struct("<BQI")
+PUSHED = struct.Struct("<Q")
 STARTED = struct.Struct("<ii")
 SIG = struct.Struct("<i")
 WINSIZE = struct.Struct("HHHH")
@@ -181,7 +197,11 @@ class _Log:
     def _next_segment(self) -> None:
         name = SEGMENT_FORMAT.format(self.end)
         fd = os.open(
-            name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=self.dir_fd
+            # Readable too: the host pushes fresh bytes to waiting readers from it.
+            name,
+            os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+            0o600,
+            dir_fd=self.dir_fd,
         )
         if self.fd >= 0:
             os.close(self.fd)
@@ -265,6 +285,57 @@ class _Request:
         rest = fds[3:]
         self.stdin_fd = rest.pop(0) if spec["has_stdin"] else -1
         self.passes = list(zip(rest, spec["pass_targets"], strict=True))
+
+
+_SAMPLE: bytes = (
+    b"R"
+    + json.dumps(
+        {
+            "argv": ["/nonexistent/corral-warm-up"],  # exec fails: nothing runs
+            "env": {"PATH": os.defpath},
+            "cwd": "/",
+            "terminal": None,
+            "timeout": None,
+            "retained": 1 << 20,
+            "segment": 1 << 18,
+            "rlimits": [],  # a spare takes no limits: its request's come later
+            "signal_as_status": False,
+            "ctty": True,
+            "has_stdin": False,
+            "pass_targets": [],
+        }
+    ).encode()
+)
+
+
+def _warm() -> None:
+    """Walk a spare through what serving a request touches first, before one comes.
+
+    A forked spare shares its pages with the server until it writes them, and
+    CPython writes (reference counts) wherever it runs: the copies are made
+    here, while the spare waits, instead of on the start's critical path. The
+    spawn path is walked with a program that does not exist (the clone and
+    the failed exec cost a tenth of what the first real spawn would: about a
+    millisecond in a fresh fork, measured).
+    """
+    with contextlib.suppress(Exception):
+        req = _Request(_SAMPLE, [-1, -1, -1])
+        r, w = os.pipe2(os.O_CLOEXEC)
+        try:
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(r, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
+            os.set_blocking(r, False)
+            poller = select.poll()
+            poller.register(r, select.POLLIN)
+            poller.poll(0)
+            STARTED.pack(0, 0)
+            PUSHED.pack(0)
+            WAIT.unpack_from(b"W" + WAIT.pack(0, 0, 0), 1)
+            _which("true", os.defpath)
+            with contextlib.suppress(OSError):
+                _posix_spawn(req, [(w, 1)], None)  # fails; glibc reaps its child
+        finally:
+            _close([r, w])
 
 
 def _exec_child(req: _Request, moves: list[tuple[int, int]], slave: int, err_w: int) -> None:
@@ -383,26 +454,37 @@ def _which(name: str, path: str | None) -> str:
 
 
 class _Host:
-    """Serves one process on one socket, from start to final state."""
+    """Serves one process on one socket, from start to final state.
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
+    Built (signal wake-up pipe, subreaper) before its socket arrives, while
+    the host is a spare: that work is off the start's critical path.
+    """
+
+    def __init__(self) -> None:
+        _set_subreaper()
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # replaced in run()
+        # To the server, which forks the next spare once this host lets go of it.
+        self.link: socket.socket | None = None
+        self.listener: socket.socket | None = None
+        self.others: dict[int, socket.socket] = {}  # connections of other programs
         self.main = 0
         self.status: int | None = None
         self.reason: str | None = None
         self.state = "exited"
-        self.waiters: list[list[tuple[int, int]]] = [[], [], []]  # (fd, cursor) per stream
+        # (fd, cursor, bytes to push) per stream, and for the end
+        self.waiters: list[list[tuple[int, int, int]]] = [[], [], []]
         self.logs: list[_Log] = []
         self.outs: dict[int, int] = {}
         self.ended = [False, False]
         self.wake, _w = _wakeup_pipe()
 
-    def run(self) -> None:
+    def run(self, sock: socket.socket) -> None:
+        self.sock.close()
+        self.sock = sock
         data, fds = _recv(self.sock)
         if data[:1] != b"R":
             return
         req = _Request(data, fds)
-        _set_subreaper()
         dirs = [
             os.open(s, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=req.record_fd)
             for s in STREAMS
@@ -499,7 +581,9 @@ class _Host:
         poller.register(self.wake, select.POLLIN)
         for fd in self.outs:
             poller.register(fd, select.POLLIN)
+        self._listen(req, poller)
         deadline = None if req.timeout is None else time.monotonic() + req.timeout
+        quiet = time.monotonic() + _START_QUIET_S
         while True:
             wait_ms = _MAX_POLL_MS
             if deadline is not None:
@@ -508,7 +592,11 @@ class _Host:
                     self.state, self.reason = "killed", "timeout"
                     break
                 wait_ms = min(math.ceil(remaining * 1000), _MAX_POLL_MS)
+            if self.link is not None:
+                wait_ms = min(wait_ms, max(0, math.ceil((quiet - time.monotonic()) * 1000)))
             ready = poller.poll(wait_ms)
+            if self.link is not None and time.monotonic() >= quiet:
+                self._past_start()  # a quiet command (output lets go in _pump)
             stop = False
             for fd, _ev in ready:
                 if fd in self.outs:
@@ -516,10 +604,15 @@ class _Host:
                 elif fd == self.wake:
                     if self._main_exited():
                         stop = True
-                elif self._control():
+                elif self.listener is not None and fd == self.listener.fileno():
+                    self._accept(poller)
+                elif fd in self.others:
+                    stop = self._control(self.others[fd], poller) or stop
+                elif self._control(self.sock, poller):
                     stop = True
             if stop:
                 break
+        self._stop_listening(req, poller)
         self.status = self._kill_tree()
         with contextlib.suppress(ValueError, KeyError):
             poller.unregister(self.sock.fileno())
@@ -534,6 +627,14 @@ class _Host:
                 elif fd == self.wake:
                     _drain(self.wake)
 
+    def _past_start(self) -> None:
+        """Tell the server this start is over: it may fork the next spare now."""
+        if self.link is not None:
+            with contextlib.suppress(OSError):
+                self.link.send(b"F")
+            self.link.close()
+            self.link = None
+
     def _pump(self, fd: int, poller: select.poll) -> None:
         index = self.outs[fd]
         moved = self.logs[index].pump(fd)
@@ -544,25 +645,88 @@ class _Host:
             self.ended[index] = True
         if moved != -1:
             self._notify(index)
+            self._past_start()  # its first output is with the readers: the start is over
 
     def _notify(self, index: int) -> None:
         waiters, self.waiters[index] = self.waiters[index], []
-        _close([fd for fd, _cursor in waiters])
+        for fd, cursor, push in waiters:
+            self._wake(fd, index, cursor, push)
 
-    def _control(self) -> bool:
-        """Handle one message from the host program; True to stop (kill)."""
+    def _wake(self, fd: int, index: int, cursor: int, push: int) -> None:
+        """Close a waiter's fd, after pushing it the bytes at its cursor when they are at hand."""
+        log = self.logs[index] if index < END and self.logs else None
+        if push > 0 and log is not None and log.fd >= 0 and log.seg_start <= cursor < log.end:
+            with contextlib.suppress(OSError):
+                os.set_blocking(fd, False)  # a reader that stopped reading never blocks us
+                os.write(fd, PUSHED.pack(log.end))
+                os.sendfile(fd, log.fd, cursor - log.seg_start, min(push, log.end - cursor))
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+    def _listen(self, req: _Request, poller: select.poll) -> None:
+        """Listen on ``<record>/ctl`` for other programs (best effort: without it they poll)."""
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            data, fds = _recv(self.sock)
+            # Through the held directory fd: no path to re-resolve, none too long to bind.
+            listener.bind(f"/proc/self/fd/{req.record_fd}/{CONTROL}")
+            listener.listen(_MAX_OTHERS)
+        except OSError:
+            listener.close()
+            return
+        listener.setblocking(False)
+        self.listener = listener
+        poller.register(listener.fileno(), select.POLLIN)
+
+    def _stop_listening(self, req: _Request, poller: select.poll) -> None:
+        if self.listener is None:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(CONTROL, dir_fd=req.record_fd)
+        poller.unregister(self.listener.fileno())
+        self.listener.close()
+        self.listener = None
+        for fd, conn in list(self.others.items()):
+            poller.unregister(fd)
+            conn.close()
+        self.others.clear()
+
+    def _accept(self, poller: select.poll) -> None:
+        assert self.listener is not None
+        try:
+            conn, _addr = self.listener.accept()
+        except OSError:
+            return
+        _pid, uid, _gid = struct.unpack(
+            "3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        )
+        if uid != os.getuid() or len(self.others) >= _MAX_OTHERS:
+            conn.close()
+            return
+        conn.setblocking(False)
+        self.others[conn.fileno()] = conn
+        poller.register(conn.fileno(), select.POLLIN)
+
+    def _control(self, sock: socket.socket, poller: select.poll) -> bool:
+        """Handle one message from the host program or another one; True to stop (kill)."""
+        try:
+            data, fds = _recv(sock)
+        except BlockingIOError:
+            return False
         except OSError:
             data, fds = b"", []
+        if not data and sock is not self.sock:
+            poller.unregister(sock.fileno())  # another program is done with us
+            del self.others[sock.fileno()]
+            sock.close()
+            return False
         if not data:
             # The host program is gone without closing its workspace.
             self.state, self.reason = "lost", "the program that started it exited"
             return True
         tag = data[:1]
         if tag == b"W" and len(fds) == 1:
-            stream, cursor = WAIT.unpack_from(data, 1)
-            self._add_waiter(stream, cursor, fds[0])
+            stream, cursor, push = WAIT.unpack_from(data, 1)
+            self._add_waiter(stream, cursor, push, fds[0])
             return False
         _close(fds)
         if tag == b"G":
@@ -576,15 +740,19 @@ class _Host:
             return True
         return False
 
-    def _add_waiter(self, stream: int, cursor: int, fd: int) -> None:
+    def _add_waiter(self, stream: int, cursor: int, push: int, fd: int) -> None:
         if stream > END:
             os.close(fd)
             return
-        if stream < END and (self.logs[stream].end > cursor or self.ended[stream]):
-            os.close(fd)
+        if stream < END and self.logs[stream].end > cursor:
+            self._wake(fd, stream, cursor, push)
             return
+        if stream < END and self.ended[stream]:
+            # Nothing can follow until the final state says where the stream
+            # ended: wake the reader then, not now (it would only ask again).
+            stream = END
         waiters = self.waiters[stream]
-        waiters.append((fd, cursor))
+        waiters.append((fd, cursor, push))
         if len(waiters) > _MAX_WAITERS:
             # A reader that gave up leaves its fd here; the oldest wakes early and asks again.
             os.close(waiters.pop(0)[0])
@@ -632,6 +800,7 @@ class _Host:
                 os.waitpid(-1, 0)
 
     def _finish(self, req: _Request) -> None:
+        self._past_start()
         for log in self.logs:
             log.close()
         for fd in list(self.outs):
@@ -686,13 +855,24 @@ def _serve(ctl_fd: int) -> None:
     poller.register(wake, select.POLLIN)
     inherited = [ctl.fileno(), wake, wake_w]
     # A host forked ahead of time takes the next request: the fork is off the
-    # start's critical path (it costs about a millisecond here).
-    spare = _fork_spare(inherited, hosts)
+    # start's critical path (it costs about a millisecond here). The one after
+    # it is forked once a host that took a request says it is past its start
+    # (``F`` on its link, or its link closing), so the fork does not compete
+    # for the CPU with that start -- or after _SPARE_LATE_MS anyway.
+    spare: socket.socket | None = _fork_spare(inherited, hosts)
+    links: dict[int, socket.socket] = {}
     while True:
-        for fd, ev in poller.poll():
+        for fd, ev in poller.poll(-1 if spare is not None else _SPARE_LATE_MS) or [(-1, 0)]:
             if fd == wake:
                 _drain(wake)
                 _reap(hosts)
+                continue
+            if fd in links or fd < 0:
+                if fd in links:
+                    poller.unregister(fd)
+                    links.pop(fd).close()
+                if spare is None:
+                    spare = _fork_spare([*inherited, *links], hosts)
                 continue
             if not ev & select.POLLIN:
                 return
@@ -700,24 +880,36 @@ def _serve(ctl_fd: int) -> None:
             if not data:
                 return
             if data[:1] == b"N" and len(fds) == 1:
-                try:
-                    spare.sendmsg(
-                        [b"N"],
-                        [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds[0].to_bytes(4, sys.byteorder))],
-                    )
-                except OSError:
-                    # The spare died: fork one for this request directly.
+                rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds[0].to_bytes(4, sys.byteorder))]
+                if not _hand_over(spare, rights):
+                    # No spare (or it died): fork one for this request directly.
                     pid = os.fork()
                     if pid == 0:
-                        _become_host(inherited, fds[0])
+                        dead = [] if spare is None else [spare.fileno()]
+                        _become_host([*inherited, *links, *dead], fds[0])
                     hosts.add(pid)
-                spare.close()
+                    if spare is not None:
+                        spare.close()
+                elif spare is not None:
+                    links[spare.fileno()] = spare
+                    poller.register(spare.fileno(), select.POLLIN)
+                spare = None
                 # Not inherited by the next spare: the host program must see EOF
                 # on its end once the host it talks to is gone.
                 _close(fds)
-                spare = _fork_spare(inherited, hosts)
                 continue
             _close(fds)
+
+
+def _hand_over(spare: socket.socket | None, rights: list[tuple[int, int, bytes]]) -> bool:
+    """Pass a host program's socket to the spare; False when there is no live spare."""
+    if spare is None:
+        return False
+    try:
+        spare.sendmsg([b"N"], rights)
+    except OSError:
+        return False
+    return True
 
 
 def _fork_spare(inherited: list[int], hosts: set[int]) -> socket.socket:
@@ -728,11 +920,15 @@ def _fork_spare(inherited: list[int], hosts: set[int]) -> socket.socket:
         code = 0
         try:
             ours.close()
+            signal.set_wakeup_fd(-1)
+            _close(inherited)
+            _warm()  # before _Host(): its wake-up pipe hears no SIGCHLD of the warm-up
+            host = _Host()
             data, fds = _recv(theirs)
-            theirs.close()
             if data[:1] != b"N" or len(fds) != 1:
                 os._exit(0)  # the server went away before a request came
-            _become_host(inherited, fds[0])
+            host.link = theirs
+            host.run(socket.socket(fileno=fds[0]))
         except BaseException:
             code = 70
         os._exit(code)
@@ -746,7 +942,7 @@ def _become_host(inherited: list[int], sock_fd: int) -> None:
     try:
         signal.set_wakeup_fd(-1)
         _close(inherited)
-        _Host(socket.socket(fileno=sock_fd)).run()
+        _Host().run(socket.socket(fileno=sock_fd))
     except BaseException:
         code = 70
     finally:
