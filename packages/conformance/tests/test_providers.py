@@ -117,16 +117,22 @@ def _require_or_skip(env: str, available: bool, why: str) -> None:
     pytest.skip(why)
 
 
-def _docker_ready() -> bool:
+def _docker_ready(image: str | None = None) -> bool:
     if shutil.which("docker") is None:
         return False
     probe = subprocess.run(
-        ["docker", "image", "inspect", DOCKER_IMAGE], capture_output=True, timeout=60, check=False
+        ["docker", "image", "inspect", image or DOCKER_IMAGE],
+        capture_output=True,
+        timeout=60,
+        check=False,
     )
     return probe.returncode == 0
 
 
 DOCKER_IMAGE = os.environ.get("CORRAL_DOCKER_IMAGE", "corral-test:latest")
+# The code and script rules need python3 in the box: they run on the code image
+# ci-setup.sh builds.
+DOCKER_CODE_IMAGE = os.environ.get("CORRAL_DOCKER_CODE_IMAGE", "corral-python:bookworm")
 
 
 class LocalSandboxFixtures(LocalBashFixtures):
@@ -147,15 +153,19 @@ class TestLocalSandboxProvider(AbstractProviderTests, LocalSandboxFixtures):
 
 class DockerFixtures(LocalBashFixtures):
     @pytest.fixture
-    def provider(self, tmp_path: Path) -> WorkspaceProvider:
+    def provider(self, tmp_path: Path, request: pytest.FixtureRequest) -> WorkspaceProvider:
+        code_rule = request.function.__qualname__.startswith(
+            ("AbstractCodeTests.", "AbstractScriptTests.")
+        )
+        image = DOCKER_CODE_IMAGE if code_rule else DOCKER_IMAGE
         _require_or_skip(
             "CORRAL_REQUIRE_DOCKER",
-            _docker_ready(),
-            f"no Docker engine with the {DOCKER_IMAGE} image (packages/docker/scripts/ci-setup.sh)",
+            _docker_ready(image),
+            f"no Docker engine with the {image} image (packages/docker/scripts/ci-setup.sh)",
         )
         from corral_docker import DockerProvider
 
-        return DockerProvider(tmpdir_root=str(tmp_path), image=DOCKER_IMAGE, pull=False)
+        return DockerProvider(tmpdir_root=str(tmp_path), image=image, pull=False)
 
     @pytest.fixture
     def provider_options_for_factory(self, tmp_path: Path) -> dict[str, Any]:

@@ -41,7 +41,7 @@ def test_public_surface() -> None:
 
 def test_registered_through_the_entry_point() -> None:
     spec = corral.load_plugins().provider("local-sandbox")
-    assert spec.capabilities == {"fs", "shell", "code", "process", "snapshot"}
+    assert spec.capabilities == {"fs", "shell", "code", "process", "script", "snapshot"}
     assert spec.distribution == "corral-local-sandbox"
     assert spec.version
     provider = spec.create({"network": "on", "limits": {"processes": 32}})

@@ -1,4 +1,12 @@
-"""The ``script`` module (where advertised): ephemeral, stateless, no files, no network."""
+"""The ``script`` module (where advertised): ephemeral, stateless, no files, no network.
+
+Every rule runs once per language the runner offers among those it knows how
+to speak (JavaScript: the isolate and node; Python: ``python3 -I`` in a box),
+so a provider with a Python-only runner is held to the same contract.
+Python follows the same result contract as JavaScript: stdout/stderr as
+printed, the last statement's value (when it is an expression; a coroutine
+is awaited) as JSON.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +16,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -27,13 +36,14 @@ _R = "corral._data.ExecResult"
 STATELESS = define(
     "script.state.fresh",
     _W,
-    "Each script runs in a fresh isolate: nothing a call sets (globals, prototypes, "
-    "built-ins) is seen by a later call.",
+    "Each script runs in a fresh isolate or box: nothing a call sets (globals, prototypes, "
+    "built-ins, files it writes) is seen by a later call.",
 )
 NO_FILES = define(
     "script.files.none",
     _W,
-    "A script sees no file system: no API it has reads a host file or leaves one behind.",
+    "A script sees no file system of the host's or the workspace's: no API it has reads a "
+    "host file or a workspace file, or leaves a file behind.",
 )
 NO_NETWORK = define(
     "script.network.none",
@@ -56,18 +66,21 @@ ERRORS = define(
     "script.errors.fields",
     _R,
     "An uncaught error gives exit_code 1 and error with the error's name, its message as "
-    "value and a traceback that starts with 'name: message'.",
+    "value and a traceback showing 'name: message' where the language prints it (the "
+    "first line in JavaScript, the last in Python).",
 )
 CONSOLE = define(
     "script.output.console",
     _R,
-    "console.log output is captured in stdout and console.error in stderr, in order.",
+    "console.log (print) output is captured in stdout and console.error (print to stderr) "
+    "in stderr, in order.",
 )
 RESULT = define(
     "script.result.json",
     _R,
-    "result_json is the JSON text of the script's last expression (awaited when a promise), "
-    "None when it has no JSON form; success is exit_code 0.",
+    "result_json is the JSON text of the script's last expression (awaited when a promise "
+    "or coroutine), None when it has no JSON form or is undefined/None; success is "
+    "exit_code 0.",
 )
 LANGUAGE = define(
     "script.language.unknown",
@@ -77,6 +90,8 @@ LANGUAGE = define(
 )
 
 _JS: Final = "javascript"
+_PY: Final = "python"
+_KNOWN: Final[tuple[str, ...]] = (_JS, _PY)
 _TIMEOUT: Final = 30.0
 _BUDGET: Final = 1.0
 _SLACK: Final = 10.0
@@ -89,19 +104,39 @@ def _runner(opened: Any) -> CodeInterpreter:
     return script  # type: ignore[no-any-return]
 
 
-def _js(h: Harness, script: CodeInterpreter) -> None:
-    if _JS not in script.languages:
-        pytest.skip(f"provider {h.kind}'s script runner has no JavaScript")
+def _languages(h: Harness, script: CodeInterpreter) -> list[str]:
+    """The languages of the runner these rules can speak; skip when there is none."""
+    spoken = [lang for lang in _KNOWN if lang in script.languages]
+    if not spoken:
+        pytest.skip(f"provider {h.kind}'s script runner has neither JavaScript nor Python")
+    return spoken
 
 
 async def _run(
-    h: Harness, script: CodeInterpreter, code: str, timeout_s: float = _TIMEOUT
+    h: Harness, script: CodeInterpreter, code: str, timeout_s: float = _TIMEOUT, lang: str = _JS
 ) -> ExecResult:
-    return await h.call(script.run_code, _JS, code, timeout_s=timeout_s)
+    return await h.call(script.run_code, lang, code, timeout_s=timeout_s)
 
 
 def _everything(result: ExecResult) -> str:
     return f"{result.stdout}{result.stderr}{result.result_json or ''}{result.error or ''}"
+
+
+def _lit(value: object) -> str:
+    """A literal both languages read (a JSON string or number)."""
+    return json.dumps(value)
+
+
+def _workspace_paths(opened: Any, name: str) -> list[str]:
+    """Where a workspace file could be named from inside a box: relative, and absolute."""
+    describe = getattr(opened.workspace, "details", None)
+    details: Mapping[str, Any] = describe() if callable(describe) else {}
+    paths = [name]
+    for key in ("workspace_path", "root"):
+        where = details.get(key)
+        if isinstance(where, str) and where.startswith("/"):
+            paths.append(f"{where.rstrip('/')}/{name}")
+    return paths
 
 
 class AbstractScriptTests:
@@ -113,29 +148,38 @@ class AbstractScriptTests:
         """A later call sees nothing an earlier one set."""
         h = conformance
         h.require("script")
+        mark = secrets.token_hex(4)
+        setting = {
+            _JS: f"globalThis.leak_{mark} = 1; Object.prototype.polluted_{mark} = 2; "
+            "JSON.stringify = () => 'hijacked'; 0",
+            _PY: f"import builtins, json, os, sys\nbuiltins.leak_{mark} = 1\n"
+            "json.dumps = lambda *a, **k: 'hijacked'\n"
+            f"for d in ('.', '/tmp', os.path.expanduser('~')):\n"
+            f"    try:\n        open(os.path.join(d, 'leak_{mark}'), 'w').write('x')\n"
+            "    except OSError:\n        pass\n0",
+        }
+        probing = {
+            _JS: f"[typeof leak_{mark}, typeof ({{}}).polluted_{mark}, JSON.stringify(1)]",
+            _PY: f"import builtins, json, os\n[hasattr(builtins, 'leak_{mark}'), "
+            f"any(os.path.exists(os.path.join(d, 'leak_{mark}')) "
+            "for d in ('.', '/tmp', os.path.expanduser('~'))), json.dumps(1)]",
+        }
+        clean = {_JS: ["undefined", "undefined", "1"], _PY: [False, False, "1"]}
         async with h.session("script") as opened:
             script = _runner(opened)
-            _js(h, script)
-            mark = secrets.token_hex(4)
-            first = await _run(
-                h,
-                script,
-                f"globalThis.leak_{mark} = 1; Object.prototype.polluted_{mark} = 2; "
-                "JSON.stringify = () => 'hijacked'; 0",
-            )
-            assert first.exit_code == 0, f"the setting script failed: {first!r}"
-            second = await _run(
-                h, script, f"[typeof leak_{mark}, typeof ({{}}).polluted_{mark}, JSON.stringify(1)]"
-            )
-            assert second.result_json is not None, f"no result: {second!r}"
-            assert json.loads(second.result_json) == ["undefined", "undefined", "1"], (
-                f"state from an earlier call is visible: {second.result_json}"
-            )
+            for lang in _languages(h, script):
+                first = await _run(h, script, setting[lang], lang=lang)
+                assert first.exit_code == 0, f"{lang}: the setting script failed: {first!r}"
+                second = await _run(h, script, probing[lang], lang=lang)
+                assert second.result_json is not None, f"{lang}: no result: {second!r}"
+                assert json.loads(second.result_json) == clean[lang], (
+                    f"{lang}: state from an earlier call is visible: {second.result_json}"
+                )
 
     @rule(NO_FILES)
     @pytest.mark.anyio
     async def test_script_sees_no_files(self, conformance: Harness) -> None:
-        """Every file API a JavaScript runtime may have finds nothing and leaves nothing."""
+        """Every file API a runtime may have finds nothing and leaves nothing."""
         h = conformance
         h.require("script")
         with tempfile.TemporaryDirectory() as scratch:
@@ -147,25 +191,50 @@ class AbstractScriptTests:
         secret.write_text(canary)
         planted = tmp_path / "planted.txt"
         attempts = {
-            "require": "require('fs').readFileSync(P, 'utf8')",
-            "deno": "Deno.readTextFileSync(P)",
-            "qjs std": "import('qjs:std').then(s => s.loadFile(P))",
-            "qjs os": "import('qjs:os').then(o => o.readdir('/'))",
-            "import": "import(P)",
-            "write": "import('qjs:std').then(s => { const f = s.open(W, 'w'); f.puts('x'); "
-            "f.close() })",
+            _JS: {
+                "require": "require('fs').readFileSync(P, 'utf8')",
+                "deno": "Deno.readTextFileSync(P)",
+                "qjs std": "import('qjs:std').then(s => s.loadFile(P))",
+                "qjs os": "import('qjs:os').then(o => o.readdir('/'))",
+                "import": "import(P)",
+                "write": "import('qjs:std').then(s => { const f = s.open(W, 'w'); f.puts('x'); "
+                "f.close() })",
+                "node write": "require('fs').writeFileSync(W, 'x')",
+            },
+            _PY: {
+                "open": "open(P).read()",
+                "listdir": "__import__('os').listdir(__import__('os').path.dirname(P))",
+                "pathlib": "__import__('pathlib').Path(P).read_text()",
+                "write": "open(W, 'w').write('x')",
+            },
         }
-        async with h.session("script") as opened:
+        # Where the provider also has a workspace, its files are out of reach too.
+        workspace = "fs" in h.advertised
+        wanted = ("script", "fs") if workspace else ("script",)
+        inside = f"inside-{secrets.token_hex(8)}"
+        async with h.session(*wanted) as opened:
             script = _runner(opened)
-            _js(h, script)
-            for name, expr in attempts.items():
-                code = expr.replace("P", json.dumps(str(secret))).replace(
-                    "W", json.dumps(str(planted))
-                )
-                result = await _run(h, script, f"(async () => {{ return await {code} }})()")
-                assert canary not in _everything(result), f"{name}: the script read a host file"
-                assert "root:" not in _everything(result), f"{name}: the script read /etc/passwd"
-                assert not result.timed_out, f"{name}: a file attempt hung"
+            targets = [str(secret)]
+            if workspace:
+                name = f"ws-secret-{secrets.token_hex(4)}.txt"
+                fs = opened.workspace.fs
+                assert fs is not None, "declared fs but the workspace has no file tools"
+                await h.call(fs.write_file, name, inside.encode())
+                targets += _workspace_paths(opened, name)
+            for lang in _languages(h, script):
+                for target in targets:
+                    for what, expr in attempts[lang].items():
+                        code = expr.replace("P", _lit(target)).replace("W", _lit(str(planted)))
+                        if lang == _JS:
+                            code = f"(async () => {{ return await {code} }})()"
+                        result = await _run(h, script, code, lang=lang)
+                        seen = _everything(result)
+                        assert canary not in seen, f"{lang} {what}: the script read a host file"
+                        assert inside not in seen, (
+                            f"{lang} {what}: the script read a workspace file"
+                        )
+                        assert "root:" not in seen, f"{lang} {what}: the script read /etc/passwd"
+                        assert not result.timed_out, f"{lang} {what}: a file attempt hung"
             assert not planted.exists(), "a script created a file on the host"
 
     @rule(NO_NETWORK)
@@ -192,19 +261,30 @@ class AbstractScriptTests:
         thread = threading.Thread(target=accept, daemon=True)
         thread.start()
         url = f"http://127.0.0.1:{port}/"
-        attempts = [
-            f"fetch({json.dumps(url)})",
-            f"import({json.dumps(url)})",
-            f"new Promise(r => require('net').connect({port}, '127.0.0.1', r))",
-            f"new Promise(r => {{ const x = new XMLHttpRequest(); x.open('GET', "
-            f"{json.dumps(url)}); x.onload = r; x.send(); }})",
-        ]
+        attempts = {
+            _JS: [
+                f"(async () => {{ await {code} }})()"
+                for code in (
+                    f"fetch({json.dumps(url)})",
+                    f"import({json.dumps(url)})",
+                    f"new Promise(r => require('net').connect({port}, '127.0.0.1', r))",
+                    f"new Promise(r => {{ const x = new XMLHttpRequest(); x.open('GET', "
+                    f"{json.dumps(url)}); x.onload = r; x.send(); }})",
+                )
+            ],
+            _PY: [
+                f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3)",
+                f"import urllib.request\nurllib.request.urlopen({json.dumps(url)}, timeout=3)",
+                f"import socket\ns = socket.socket(socket.AF_INET6)\n"
+                f"s.settimeout(3)\ns.connect(('::ffff:127.0.0.1', {port}))",
+            ],
+        }
         try:
             async with h.session("script") as opened:
                 script = _runner(opened)
-                _js(h, script)
-                for code in attempts:
-                    await _run(h, script, f"(async () => {{ await {code} }})()", timeout_s=5)
+                for lang in _languages(h, script):
+                    for code in attempts[lang]:
+                        await _run(h, script, code, timeout_s=5, lang=lang)
                 await anyio.sleep(0.2)  # a connection in flight reaches accept()
         finally:
             stop.set()
@@ -218,18 +298,28 @@ class AbstractScriptTests:
         """An endless loop ends at the timeout, reported as such."""
         h = conformance
         h.require("script")
+        loops = {_JS: "console.log('begun'); for (;;) {}", _PY: "print('begun')\nwhile True: pass"}
+        answers = {_JS: "40 + 2", _PY: "40 + 2"}
         async with h.session("script") as opened:
             script = _runner(opened)
-            _js(h, script)
-            started = time.monotonic()
-            result = await _run(h, script, "console.log('begun'); for (;;) {}", _BUDGET)
-            elapsed = time.monotonic() - started
-            assert result.timed_out, f"an endless loop was not reported as a timeout: {result!r}"
-            assert result.exit_code is None, f"a timeout has exit_code {result.exit_code!r}"
-            assert result.stdout.startswith("begun"), "output before the timeout was lost"
-            assert elapsed < _BUDGET + _SLACK, f"a {_BUDGET} s budget took {elapsed:.1f} s"
-            after = await _run(h, script, "40 + 2")
-            assert after.result_json == "42", f"the runner is unusable after a timeout: {after!r}"
+            for lang in _languages(h, script):
+                started = time.monotonic()
+                result = await _run(h, script, loops[lang], _BUDGET, lang=lang)
+                elapsed = time.monotonic() - started
+                assert result.timed_out, (
+                    f"{lang}: an endless loop was not reported as a timeout: {result!r}"
+                )
+                assert result.exit_code is None, (
+                    f"{lang}: a timeout has exit_code {result.exit_code!r}"
+                )
+                assert result.stdout.startswith("begun"), f"{lang}: output before the timeout lost"
+                assert elapsed < _BUDGET + _SLACK, (
+                    f"{lang}: a {_BUDGET} s budget took {elapsed:.1f} s"
+                )
+                after = await _run(h, script, answers[lang], lang=lang)
+                assert after.result_json == "42", (
+                    f"{lang}: the runner is unusable after a timeout: {after!r}"
+                )
 
     @rule(MEMORY_BUDGET)
     @pytest.mark.anyio
@@ -238,24 +328,34 @@ class AbstractScriptTests:
         h = conformance
         h.require("script")
         bombs = {
-            "strings": "const a = []; for (;;) a.push('x'.repeat(1 << 20) + a.length)",
-            "arrays": "const b = []; for (;;) b.push(new Float64Array(1 << 18))",
-            "buffer": "new ArrayBuffer(2 ** 32)",
-            "recursion": "function f(n) { return f(n + 1) + 1 } f(0)",
+            _JS: {
+                "strings": "const a = []; for (;;) a.push('x'.repeat(1 << 20) + a.length)",
+                "arrays": "const b = []; for (;;) b.push(new Float64Array(1 << 18))",
+                # Touched, so a runtime that reserves lazily (node) really allocates it.
+                "buffer": "new Uint8Array(2 ** 32).fill(1).length",
+                "recursion": "function f(n) { return f(n + 1) + 1 } f(0)",
+            },
+            _PY: {
+                "strings": "a = []\nwhile True: a.append('x' * (1 << 20) + str(len(a)))",
+                "arrays": "b = []\nwhile True: b.append(bytearray(1 << 18))",
+                "buffer": "bytearray(2 ** 50)",
+                "recursion": "def f(n):\n    return f(n + 1) + 1\nf(0)",
+            },
         }
+        alive = {_JS: "'still here'", _PY: "'still here'"}
         async with h.session("script") as opened:
             script = _runner(opened)
-            _js(h, script)
-            for name, code in bombs.items():
-                started = time.monotonic()
-                result = await _run(h, script, code, 10.0)
-                elapsed = time.monotonic() - started
-                assert result.error is not None or result.timed_out, (
-                    f"{name}: the bomb neither failed nor timed out: {result!r}"
-                )
-                assert elapsed < 10.0 + _SLACK, f"{name}: took {elapsed:.1f} s"
-            after = await _run(h, script, "'still here'")
-            assert after.result_json == '"still here"', f"the runner broke: {after!r}"
+            for lang in _languages(h, script):
+                for name, code in bombs[lang].items():
+                    started = time.monotonic()
+                    result = await _run(h, script, code, 10.0, lang=lang)
+                    elapsed = time.monotonic() - started
+                    assert result.error is not None or result.timed_out, (
+                        f"{lang} {name}: the bomb neither failed nor timed out: {result!r}"
+                    )
+                    assert elapsed < 10.0 + _SLACK, f"{lang} {name}: took {elapsed:.1f} s"
+                after = await _run(h, script, alive[lang], lang=lang)
+                assert after.result_json == '"still here"', f"{lang}: the runner broke: {after!r}"
 
     @rule(ERRORS)
     @pytest.mark.anyio
@@ -263,37 +363,50 @@ class AbstractScriptTests:
         """An uncaught error is described by name, value and traceback."""
         h = conformance
         h.require("script")
+        failing = {
+            _JS: ("function deep() { throw new RangeError('out of range') }\ndeep()", "RangeError"),
+            _PY: ("def deep():\n    raise ValueError('out of range')\ndeep()", "ValueError"),
+        }
         async with h.session("script") as opened:
             script = _runner(opened)
-            _js(h, script)
-            result = await _run(
-                h, script, "function deep() { throw new RangeError('out of range') }\ndeep()"
-            )
-            assert result.exit_code == 1, f"an uncaught error has exit_code {result.exit_code!r}"
-            assert result.error is not None, f"no error reported: {result!r}"
-            assert result.error.name == "RangeError", f"error name {result.error.name!r}"
-            assert result.error.value == "out of range", f"error value {result.error.value!r}"
-            assert result.error.traceback.startswith("RangeError: out of range"), (
-                f"traceback {result.error.traceback!r}"
-            )
-            assert result.result_json is None, "a failed script also reported a result"
+            for lang in _languages(h, script):
+                code, name = failing[lang]
+                result = await _run(h, script, code, lang=lang)
+                assert result.exit_code == 1, (
+                    f"{lang}: an uncaught error has exit_code {result.exit_code!r}"
+                )
+                assert result.error is not None, f"{lang}: no error reported: {result!r}"
+                assert result.error.name == name, f"{lang}: error name {result.error.name!r}"
+                assert result.error.value == "out of range", (
+                    f"{lang}: error value {result.error.value!r}"
+                )
+                head = f"{name}: out of range"
+                shown = (
+                    result.error.traceback.startswith(head)
+                    if lang == _JS
+                    else result.error.traceback.rstrip("\n").endswith(head)
+                )
+                assert shown, f"{lang}: traceback {result.error.traceback!r}"
+                assert result.result_json is None, f"{lang}: a failed script also reported a result"
 
     @rule(CONSOLE)
     @pytest.mark.anyio
     async def test_script_console_is_captured(self, conformance: Harness) -> None:
-        """console.log to stdout, console.error to stderr."""
+        """console.log / print to stdout, console.error / print to stderr."""
         h = conformance
         h.require("script")
+        printing = {
+            _JS: "console.log('one'); console.error('two'); console.log('three', 4)",
+            _PY: "import sys\nprint('one')\nprint('two', file=sys.stderr)\nprint('three', 4)",
+        }
         async with h.session("script") as opened:
             script = _runner(opened)
-            _js(h, script)
-            result = await _run(
-                h, script, "console.log('one'); console.error('two'); console.log('three', 4)"
-            )
-            assert result.exit_code == 0, f"{result!r}"
-            assert result.stdout == "one\nthree 4\n", f"stdout was {result.stdout!r}"
-            assert result.stderr == "two\n", f"stderr was {result.stderr!r}"
-            assert not result.stdout_truncated, "small stdout marked truncated"
+            for lang in _languages(h, script):
+                result = await _run(h, script, printing[lang], lang=lang)
+                assert result.exit_code == 0, f"{lang}: {result!r}"
+                assert result.stdout == "one\nthree 4\n", f"{lang}: stdout was {result.stdout!r}"
+                assert result.stderr == "two\n", f"{lang}: stderr was {result.stderr!r}"
+                assert not result.stdout_truncated, f"{lang}: small stdout marked truncated"
 
     @rule(RESULT)
     @pytest.mark.anyio
@@ -301,23 +414,33 @@ class AbstractScriptTests:
         """The last expression's value comes back as JSON; a promise is awaited."""
         h = conformance
         h.require("script")
-        cases = {
-            "const x = {a: [1, 'b', null]}; x": {"a": [1, "b", None]},
-            "Promise.resolve(6).then(v => v * 7)": 42,
-            "'text'": "text",
+        cases: dict[str, dict[str, object]] = {
+            _JS: {
+                "const x = {a: [1, 'b', null]}; x": {"a": [1, "b", None]},
+                "Promise.resolve(6).then(v => v * 7)": 42,
+                "'text'": "text",
+            },
+            _PY: {
+                "x = {'a': [1, 'b', None]}\nx": {"a": [1, "b", None]},
+                "async def f():\n    return 6 * 7\nf()": 42,
+                "'text'": "text",
+            },
         }
+        nothing_for = {_JS: "undefined", _PY: "None"}
         async with h.session("script") as opened:
             script = _runner(opened)
-            _js(h, script)
-            for code, want in cases.items():
-                result = await _run(h, script, code)
-                assert result.exit_code == 0, f"{code!r}: {result!r}"
-                assert result.result_json is not None, f"{code!r}: no result"
-                assert json.loads(result.result_json) == want, (
-                    f"{code!r}: result {result.result_json!r}"
+            for lang in _languages(h, script):
+                for code, want in cases[lang].items():
+                    result = await _run(h, script, code, lang=lang)
+                    assert result.exit_code == 0, f"{lang} {code!r}: {result!r}"
+                    assert result.result_json is not None, f"{lang} {code!r}: no result"
+                    assert json.loads(result.result_json) == want, (
+                        f"{lang} {code!r}: result {result.result_json!r}"
+                    )
+                nothing = await _run(h, script, nothing_for[lang], lang=lang)
+                assert nothing.result_json is None, (
+                    f"{lang}: {nothing_for[lang]} gave {nothing.result_json!r}"
                 )
-            nothing = await _run(h, script, "undefined")
-            assert nothing.result_json is None, f"undefined gave {nothing.result_json!r}"
 
     @rule(LANGUAGE)
     @pytest.mark.anyio

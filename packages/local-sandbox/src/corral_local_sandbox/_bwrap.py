@@ -149,6 +149,7 @@ def build_bwrap_args(
     system_paths: Sequence[str] = SYSTEM_PATHS,
     secret_paths: Sequence[str] = ETC_SECRETS,
     sandbox_root: str = SANDBOX_ROOT,
+    bind_workspace: bool = True,
 ) -> list[str]:
     """The bubblewrap flags (everything between ``bwrap`` and ``--``).
 
@@ -164,6 +165,8 @@ def build_bwrap_args(
             inside the workspace is bound: a bind by host path is resolved by
             bwrap long after any check, so the protected paths are verified
             around each command instead (see ``_protect.py``).
+        bind_workspace: False puts an empty private tmpfs at ``sandbox_root``
+            instead of the workspace (a ``script`` box sees none of it).
 
     Raises:
         OperationError: ``invalid_path`` when ``host_cwd`` lies outside the
@@ -200,7 +203,10 @@ def build_bwrap_args(
     args += ["--remount-ro", "/dev"]
     args += _tmpfs("/tmp", size, features)  # noqa: S108 - in-sandbox path
     args += _tmpfs(SANDBOX_HOME, size, features)
-    args += ["--bind", host_root, sandbox_root]
+    if bind_workspace:
+        args += ["--bind", host_root, sandbox_root]
+    else:
+        args += _tmpfs(sandbox_root, size, features)
     # bwrap's own root is a tmpfs; left writable it would be an unbounded RAM sink.
     args += ["--remount-ro", "/", "--chdir", cwd]
     if seccomp:
@@ -238,6 +244,8 @@ class BwrapWrapper:
             to set ``RLIMIT_NPROC`` inside the sandbox, or None when a pids
             cgroup limits processes or there is no process limit.
         shell: The POSIX shell running the launcher.
+        bind_workspace: Whether the sandbox sees the workspace (False: an
+            empty tmpfs in its place, for ``script`` boxes).
     """
 
     bwrap: str
@@ -247,6 +255,7 @@ class BwrapWrapper:
     cgroup_procs: tuple[str, ...] = ()
     prlimit: str | None = None
     shell: str = "/bin/sh"
+    bind_workspace: bool = True
 
     def wrap(self, argv: Sequence[str], ctx: WrapContext) -> WrappedCommand:
         """Return the launcher command that runs ``argv`` sandboxed.
@@ -260,6 +269,7 @@ class BwrapWrapper:
             policy=self.policy,
             features=self.features,
             seccomp=self.seccomp_file is not None,
+            bind_workspace=self.bind_workspace,
         )
         env = sandbox_env(ctx.env)
         inner = list(argv)

@@ -49,6 +49,7 @@ from ._protect import ProtectedPathChecker
 from ._protected_fs import ProtectedFileSystem
 from ._protected_shell import ProtectedShell
 from ._quota import DiskQuota, QuotaFileSystem, QuotaShell
+from ._script import build_script_runner
 from ._seatbelt import SANDBOX_EXEC, SeatbeltWrapper
 from ._seccomp import denied_syscalls
 
@@ -174,7 +175,7 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
 
     provider_id: ClassVar[str] = PROVIDER_ID
     capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"fs", "shell", "code", "process", "snapshot"}
+        {"fs", "shell", "code", "process", "script", "snapshot"}
     )
 
     def __init__(
@@ -410,7 +411,30 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
         if quota is not None:
             resources.facts["disk_quota_bytes"] = quota.limit
 
+        script = None
+        if "script" in capabilities:
+            try:
+                script = await anyio.to_thread.run_sync(
+                    lambda: build_script_runner(
+                        wrapper=resources.wrapper,
+                        policy=self._policy,
+                        workspace_cgroup=resources.cgroup,
+                        scratch=resources.scratch,
+                        state_dir=state_dir,
+                        base_dir=self.layout.base_dir,
+                        limits=self._shell_limits,
+                        base_env=self._base_env,
+                    )
+                )
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(resources.release)
+                raise
+            resources.facts.update(script.details())
+
         async def cleanup() -> None:
+            if script is not None:
+                script.close()
             await anyio.to_thread.run_sync(resources.release)
 
         def protect_shell(shell: Shell) -> Shell:
@@ -431,6 +455,7 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
             after_extract=verify,
             terminal_wrapper=_terminal_wrapper(wrapper),
             process_checks=_process_checks(checker, quota),
+            script=script,
         )
 
 

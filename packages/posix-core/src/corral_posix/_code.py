@@ -1,11 +1,19 @@
-"""The ``code`` module of the tmpdir providers: stateful Python contexts inside the boundary.
+"""The ``code`` module: stateful Python contexts inside a provider's boundary.
 
-Each context is one long-lived ``python3 -I -u`` running ``_codedriver.py``,
-launched exactly like a shell command: through the workspace's
-:class:`CommandWrapper` (so under bubblewrap with the shell's mounts,
-seccomp, network policy and cgroup on local-sandbox) by a pooled reaper of
-the process supervisor, which owns the whole process tree. The reaper's
-stdin pipe and stdout messages are the framed channel; the reaper kills
+Each context is one long-lived ``python3 -I -u`` running ``_codedriver.py``
+over a framed byte channel. :class:`DriverCodeInterpreter` is the contract
+(contexts, cells, timeouts, lost and busy, records) and knows nothing about
+how the interpreter is started: a :class:`CodeLauncher` starts it and hands
+back a :class:`CodeChannel` (its stdin, its stdout, and a way to kill its
+whole tree). That seam is what lets docker drive the same driver through an
+attached exec stream in the container.
+
+:class:`PosixCodeInterpreter` is the tmpdir providers' flavour: the
+interpreter is launched exactly like a shell command, through the
+workspace's :class:`CommandWrapper` (so under bubblewrap with the shell's
+mounts, seccomp, network policy and cgroup on local-sandbox) by a pooled
+reaper of the process supervisor, which owns the whole process tree. The
+reaper's stdin pipe and stdout messages are the channel; the reaper kills
 every process the context started when the context is deleted, the
 workspace closes, or this host process dies (its socket closes).
 
@@ -51,7 +59,17 @@ from ._shell import ProcessLimits, _fd_array, _fd_path, _send
 from ._supervisor import POOL, Reaper, encode_limits, encode_request
 from ._wrapper import IDENTITY_WRAPPER, CommandWrapper, WrapContext
 
-__all__ = ["CellChecks", "OutputCallback", "PosixCodeInterpreter"]
+__all__ = [
+    "DRIVER_ARGS",
+    "CellChecks",
+    "ChannelLost",
+    "CodeChannel",
+    "CodeLauncher",
+    "DriverCodeInterpreter",
+    "OutputCallback",
+    "PosixCodeInterpreter",
+    "exit_status_reason",
+]
 
 OutputCallback = Callable[[str, str], object]
 """``on_output(stream, text)``: a cell's output as it arrives (``stream`` is stdout or stderr)."""
@@ -67,6 +85,8 @@ _BOOTSTRAP: Final = (
     "    return b\n"
     "exec(compile(_r(int.from_bytes(_r(4), 'big')), '<corral-driver>', 'exec'))\n"
 )
+DRIVER_ARGS: Final = ("-I", "-u", "-c", _BOOTSTRAP)
+"""The interpreter's arguments (after the program name): read the driver from stdin, run it."""
 _FOREVER_S: Final = 10.0 * 365 * 86400
 _NO_CAP: Final = 1 << 62
 _RECV: Final = (1 << 16) + 64
@@ -103,23 +123,74 @@ class CellChecks(Protocol):
         ...
 
 
-class _Lost(Exception):
-    """The driver process ended; ``reason`` says how (never its output)."""
+class ChannelLost(Exception):
+    """The driver's channel ended; ``reason`` says how (never the driver's output)."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
 
 
+_Lost = ChannelLost
+
+
+class CodeChannel(Protocol):
+    """The byte channel to one running driver, and the means to end its process tree.
+
+    Implementations: the reaper's pipe and socket here; an attached exec
+    stream in docker.
+    """
+
+    async def send(self, data: bytes) -> None:
+        """Write ``data`` to the driver's stdin.
+
+        Raises:
+            ChannelLost: The driver no longer reads (it ended or was killed).
+        """
+        ...
+
+    async def receive(self) -> bytes:
+        """The next bytes of the driver's stdout (never empty).
+
+        Cancelling a pending receive must lose no bytes: the next call
+        returns them.
+
+        Raises:
+            ChannelLost: The driver ended; ``reason`` says how (its exit
+                status or signal), or it was killed by :meth:`kill`.
+        """
+        ...
+
+    async def kill(self) -> None:
+        """Kill every process the driver started and release the channel (bounded wait).
+
+        Idempotent; a :meth:`receive` pending in another task ends with
+        :class:`ChannelLost`.
+        """
+        ...
+
+
+class CodeLauncher(Protocol):
+    """Starts the interpreter of one context inside the provider's boundary."""
+
+    async def launch(self, cwd: str | None, args: Sequence[str]) -> CodeChannel:
+        """Run the box's Python with ``args`` in ``cwd`` (agent view, None: the root).
+
+        Raises:
+            OperationError: The cwd is refused or missing, or the
+                interpreter could not be started.
+            WorkspaceEvictedError: The workspace is gone.
+        """
+        ...
+
+
 class _Context:
-    """One live (or dead) context: its reaper lease and the channel through it."""
+    """One live (or dead) context: its channel and the frames read from it."""
 
     def __init__(self, context_id: str, language: str, cwd: str | None) -> None:
         self.id, self.language, self.cwd = context_id, language, cwd
         self.created_at = time.time()
-        self.reaper: Reaper | None = None
-        self.seq = 0
-        self.stdin_w = -1
+        self.channel: CodeChannel | None = None
         self.buffer = bytearray()
         self.lost: str | None = None
         self.lock = anyio.Lock()
@@ -127,7 +198,6 @@ class _Context:
         self.cells = 0
         self.pid = 0
         self.on_output: OutputCallback | None = None
-        self.reading = False
 
     def info(self) -> CodeContextInfo:
         status: Literal["idle", "busy", "lost"] = (
@@ -143,55 +213,50 @@ class _Context:
         )
 
 
-class PosixCodeInterpreter:
-    """Python (and bash) code contexts of one tmpdir workspace (implements ``CodeContexts``).
+class DriverCodeInterpreter:
+    """Code contexts driven over :class:`CodeChannel` s (implements ``CodeContexts``).
 
     Args:
-        root: Host path of the workspace root (the contexts' default cwd).
+        launcher: Starts each context's interpreter inside the boundary.
+        languages: The languages the box really has (empty: no Python).
         state_dir: The workspace's private state directory (the record of
             contexts lives there, so a later process knows they were lost).
-        wrapper: The workspace's command wrapper (bubblewrap on local-sandbox).
-        base_env: Operator-trusted variables every context gets.
-        limits: rlimits of every context's process tree.
-        python: The interpreter to run, found on the box's ``PATH``
-            (``python3``) or an absolute path.
         max_output_bytes: Cap of each stream per run (flagged when hit).
         busy_wait_s: How long a call waits for the context's running cell
             before it is refused as ``busy``.
-        checks: The isolation's guards (disk quota, protected paths), run
-            around every cell as the decorated shell runs them around
-            every command.
-        provider_id: Named in :class:`corral.WorkspaceEvictedError`.
+        checks: The isolation's guards, run around every cell as the
+            decorated shell runs them around every command.
+        details: Further facts for ``describe()``.
+        adopted_reason: Why contexts recorded by a process that has ended
+            are lost (default: they ended with it).
+        unavailable: Why the box has no language at all (what is missing),
+            told to every caller asking for one.
     """
 
     def __init__(
         self,
-        root: str,
+        launcher: CodeLauncher,
         *,
+        languages: frozenset[str],
         state_dir: str,
-        wrapper: CommandWrapper | None = None,
-        base_env: Mapping[str, str] | None = None,
-        limits: ProcessLimits | None = None,
-        python: str = "python3",
         max_output_bytes: int = 1_000_000,
         busy_wait_s: float = 5.0,
         checks: CellChecks | None = None,
-        provider_id: str | None = None,
+        details: Mapping[str, Any] | None = None,
+        adopted_reason: str | None = None,
+        unavailable: str | None = None,
     ) -> None:
-        self.root = os.path.abspath(root)
+        self._launcher = launcher
+        self._unavailable = unavailable
+        self._languages = languages
         self._state_file = os.path.join(state_dir, _STATE_FILE)
-        self._wrapper = wrapper or IDENTITY_WRAPPER
-        self._base_env = dict(base_env or {})
-        self._limits = encode_limits((limits or ProcessLimits()).rlimits())
-        self._python = python
         self._max_output = max_output_bytes
         self._busy_wait_s = busy_wait_s
         self._checks = checks
-        self._provider_id = provider_id
+        self._details = dict(details or {})
         self._contexts: dict[str, _Context] = {}
         self._closed = False
-        self._languages = self._find_languages()
-        self._adopt_records()
+        self._adopt_records(adopted_reason)
 
     # -- the CodeInterpreter contract ----------------------------------------------
 
@@ -234,6 +299,11 @@ class PosixCodeInterpreter:
             with anyio.CancelScope(shield=True):
                 await self._stop(ctx)
             raise
+        if self._closed:
+            # The workspace closed while this context started: it must not outlive it.
+            with anyio.CancelScope(shield=True):
+                await self._stop(ctx, "the workspace closed")
+            self._check_open()
         self._contexts[ctx.id] = ctx
         await self._save_records()
         return ctx.id
@@ -305,36 +375,18 @@ class PosixCodeInterpreter:
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as tg:
                 for ctx in contexts:
-                    tg.start_soon(self._stop, ctx)
+                    tg.start_soon(self._stop, ctx, "the workspace closed")
             self._contexts.clear()
             await self._save_records()
 
     def details(self) -> dict[str, Any]:
         """Facts for ``describe()``: the languages the box really has."""
-        return {"code_languages": sorted(self._languages), "code_python": self._python}
+        facts = {"code_languages": sorted(self._languages), **self._details}
+        if not self._languages and self._unavailable:
+            facts["code_unavailable"] = self._unavailable
+        return facts
 
     # -- checks -------------------------------------------------------------------
-
-    def _find_languages(self) -> frozenset[str]:
-        """``python`` when the interpreter is in the box; ``bash`` and ``javascript`` too
-        when bash and node are (the Python driver hosts their sessions)."""
-        env = {**base_environment(self.root), **self._base_env}
-        try:
-            wrapped = self._wrapper.wrap([self._python], WrapContext(self.root, self.root, env))
-        except OperationError:
-            return frozenset()
-        path = wrapped.env.get("PATH", "")
-        if os.path.isabs(self._python):
-            found = os.access(self._python, os.X_OK)
-        else:
-            found = shutil.which(self._python, path=path) is not None
-        if not found:
-            return frozenset()
-        hosted = {"bash": "bash", "javascript": "node"}
-        return frozenset(
-            {_LANGUAGE}
-            | {lang for lang, program in hosted.items() if shutil.which(program, path=path)}
-        )
 
     def _check_open(self) -> None:
         if self._closed:
@@ -342,6 +394,11 @@ class PosixCodeInterpreter:
 
     def _check_language(self, language: str) -> None:
         self._check_open()
+        if not self._languages and self._unavailable:
+            raise OperationError(
+                f"code is not available in this workspace: {self._unavailable}",
+                code="invalid_argument",
+            )
         if language not in self._languages:
             available = ", ".join(sorted(self._languages)) or "none"
             shown = f"{language!r} " if len(language) <= 32 else ""
@@ -368,7 +425,7 @@ class PosixCodeInterpreter:
 
     # -- records: what a later process must report as lost ---------------------------
 
-    def _adopt_records(self) -> None:
+    def _adopt_records(self, adopted_reason: str | None) -> None:
         try:
             with open(self._state_file, encoding="utf-8") as fh:
                 record = json.load(fh)
@@ -376,11 +433,12 @@ class PosixCodeInterpreter:
             entries = record.get("contexts", [])
         except (OSError, ValueError, TypeError, AttributeError):
             return
-        why = (
-            "its interpreter belonged to another process that is still running"
-            if owner and owner != os.getpid() and _alive(owner)
-            else "its interpreter ended with the process that created it"
-        )
+        if owner == os.getpid():
+            why = "it belongs to another open handle of this workspace"
+        elif owner and _alive(owner):
+            why = "its interpreter belonged to another process that is still running"
+        else:
+            why = adopted_reason or "its interpreter ended with the process that created it"
         for entry in entries if isinstance(entries, list) else []:
             if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
                 continue
@@ -425,51 +483,11 @@ class PosixCodeInterpreter:
 
     async def _start(self, ctx: _Context) -> None:
         await self._before()
-        try:
-            root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except (FileNotFoundError, NotADirectoryError):
-            raise WorkspaceEvictedError(
-                "the workspace directory no longer exists", provider_id=self._provider_id
-            ) from None
-        try:
-            cwd_fd = CommandChecker.open_cwd(root_fd, ctx.cwd)
-        finally:
-            os.close(root_fd)
-        in_r, in_w = os.pipe2(os.O_CLOEXEC)
-        try:
-            host_cwd = _fd_path(cwd_fd) or self.root
-            env = {**base_environment(self.root), **self._base_env, "MPLBACKEND": "Agg"}
-            argv = [self._python, "-I", "-u", "-c", _BOOTSTRAP]
-            wrapped = self._wrapper.wrap(argv, WrapContext(self.root, host_cwd, env))
-            passed = [cwd_fd, in_r, *wrapped.pass_fds]
-            payload = encode_request(
-                argv=wrapped.argv,
-                env=wrapped.env,
-                cwd=wrapped.cwd,
-                timeout_s=_FOREVER_S,
-                limit=_NO_CAP,
-                stdin_index=1,
-                cwd_index=0,
-                passes=[(2 + i, target) for i, target in enumerate(wrapped.pass_fds)],
-            )
-            reaper = await POOL.acquire(self._limits, fresh=True)
-            ctx.reaper = reaper
-            sent = await _send(reaper, payload, _fd_array(passed))
-            ctx.seq = reaper.seq
-        except BaseException:
-            os.close(in_w)
-            raise
-        finally:
-            os.close(in_r)
-            os.close(cwd_fd)
-        ctx.stdin_w = in_w
-        if not sent:
-            raise OperationError("could not start the interpreter", code="failed")
-        os.set_blocking(in_w, False)
+        ctx.channel = await self._launcher.launch(ctx.cwd, DRIVER_ARGS)
         source = _driver_source()
-        await self._write_raw(ctx, len(source).to_bytes(4, "big") + source)
         try:
             with anyio.fail_after(_START_TIMEOUT_S):
+                await ctx.channel.send(len(source).to_bytes(4, "big") + source)
                 ready = await self._event(ctx)
         except TimeoutError:
             raise OperationError("the interpreter did not start in time", code="failed") from None
@@ -482,53 +500,29 @@ class PosixCodeInterpreter:
         ctx.pid = int(ready.get("pid", 0) or 0)
 
     async def _stop(self, ctx: _Context, reason: str = "it was deleted") -> None:
-        """Kill the context's tree and wait (bounded) until the reaper says it is gone."""
-        reaper = ctx.reaper
-        if ctx.stdin_w >= 0:
-            os.close(ctx.stdin_w)
-            ctx.stdin_w = -1
-        if reaper is None:
-            return
-        ctx.reaper = None
+        """Kill the context's tree and wait (bounded) until it is gone."""
+        channel, ctx.channel = ctx.channel, None
         if ctx.lost is None:
             ctx.lost = reason
-            reaper.kill(ctx.seq)
-            if ctx.reading:
-                # A cell of another task is reading this socket: wake it (it
-                # reports the context lost) and let the reaper finish the kill.
-                anyio.notify_closing(reaper.sock)
-            else:
-                with anyio.move_on_after(_KILL_WAIT_S):
-                    while True:
-                        message = await _recv(reaper)
-                        if not message or message[:1] == b"X":
-                            break
-        reaper.close()
-
-    async def _write_raw(self, ctx: _Context, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            if ctx.stdin_w < 0:
-                raise _Lost("its input channel is closed")
-            try:
-                view = view[os.write(ctx.stdin_w, view) :]
-            except BlockingIOError:
-                await anyio.wait_writable(ctx.stdin_w)
-            except BrokenPipeError:
-                raise _Lost("its interpreter stopped reading") from None
+        if channel is not None:
+            await channel.kill()
 
     async def _write(self, ctx: _Context, message: dict[str, Any]) -> None:
         body = json.dumps(message).encode()
+        channel = ctx.channel
+        if channel is None:
+            return
         with contextlib.suppress(_Lost):
-            await self._write_raw(ctx, len(body).to_bytes(4, "big") + body)
+            await channel.send(len(body).to_bytes(4, "big") + body)
 
     async def _event(self, ctx: _Context) -> dict[str, Any]:
-        """The next frame from the driver; raises :class:`_Lost` when it ended."""
+        """The next frame from the driver; raises :class:`ChannelLost` when it ended."""
         while True:
             if len(ctx.buffer) >= 4:
                 size = int.from_bytes(ctx.buffer[:4], "big")
                 if size > _MAX_FRAME:
                     await self._kill(ctx, "its channel was corrupted")
+                    raise _Lost(ctx.lost or "its channel was corrupted")
                 if len(ctx.buffer) >= 4 + size:
                     body = bytes(ctx.buffer[4 : 4 + size])
                     del ctx.buffer[: 4 + size]
@@ -536,29 +530,19 @@ class PosixCodeInterpreter:
                         event = json.loads(body)
                     except ValueError:
                         await self._kill(ctx, "its channel was corrupted")
+                        raise _Lost(ctx.lost or "its channel was corrupted") from None
                     if isinstance(event, dict):
                         return event
                     continue
-            reaper = ctx.reaper
-            if reaper is None:
+            channel = ctx.channel
+            if channel is None:
                 raise _Lost(ctx.lost or "it was deleted")
-            ctx.reading = True
             try:
-                message = await _recv(reaper)
-            finally:
-                ctx.reading = False
-            if ctx.reaper is None:  # stopped by another task meanwhile
-                raise _Lost(ctx.lost or "it was deleted")
-            tag = message[:1]
-            if tag == b"1":
-                ctx.buffer += message[1:]
-            elif tag == b"2":
-                continue  # the driver's own stderr: a crash report, never shown as output
-            else:
-                # Already over: nothing to kill, the reaper reaped the whole tree.
-                ctx.lost = _exit_reason(message)
-                await self._kill(ctx, ctx.lost)
-                raise _Lost(ctx.lost)
+                ctx.buffer += await channel.receive()
+            except _Lost as ended:
+                # Stopped by another task (ctx.lost says why), or the driver ended.
+                await self._kill(ctx, ctx.lost or ended.reason)
+                raise _Lost(ctx.lost or ended.reason) from None
 
     async def _kill(self, ctx: _Context, reason: str) -> None:
         """Mark the context lost and kill its tree (waits, bounded, until it is gone)."""
@@ -638,6 +622,221 @@ class PosixCodeInterpreter:
                 return event
 
 
+class PosixCodeInterpreter(DriverCodeInterpreter):
+    """Python (and bash) code contexts of one tmpdir workspace (implements ``CodeContexts``).
+
+    Args:
+        root: Host path of the workspace root (the contexts' default cwd).
+        state_dir: The workspace's private state directory (the record of
+            contexts lives there, so a later process knows they were lost).
+        wrapper: The workspace's command wrapper (bubblewrap on local-sandbox).
+        base_env: Operator-trusted variables every context gets.
+        limits: rlimits of every context's process tree.
+        python: The interpreter to run, found on the box's ``PATH``
+            (``python3``) or an absolute path.
+        max_output_bytes: Cap of each stream per run (flagged when hit).
+        busy_wait_s: How long a call waits for the context's running cell
+            before it is refused as ``busy``.
+        checks: The isolation's guards (disk quota, protected paths), run
+            around every cell as the decorated shell runs them around
+            every command.
+        provider_id: Named in :class:`corral.WorkspaceEvictedError`.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        state_dir: str,
+        wrapper: CommandWrapper | None = None,
+        base_env: Mapping[str, str] | None = None,
+        limits: ProcessLimits | None = None,
+        python: str = "python3",
+        max_output_bytes: int = 1_000_000,
+        busy_wait_s: float = 5.0,
+        checks: CellChecks | None = None,
+        provider_id: str | None = None,
+    ) -> None:
+        launcher = _ReaperLauncher(
+            os.path.abspath(root),
+            wrapper or IDENTITY_WRAPPER,
+            dict(base_env or {}),
+            encode_limits((limits or ProcessLimits()).rlimits()),
+            python,
+            provider_id,
+        )
+        self.root = launcher.root
+        super().__init__(
+            launcher,
+            languages=launcher.find_languages(),
+            state_dir=state_dir,
+            max_output_bytes=max_output_bytes,
+            busy_wait_s=busy_wait_s,
+            checks=checks,
+            details={"code_python": python},
+        )
+
+
+class _ReaperLauncher:
+    """Starts interpreters through the command wrapper, by a pooled reaper of the supervisor."""
+
+    def __init__(  # noqa: PLR0917 - one private call site, every argument named there
+        self,
+        root: str,
+        wrapper: CommandWrapper,
+        base_env: dict[str, str],
+        limits: bytes,
+        python: str,
+        provider_id: str | None,
+    ) -> None:
+        self.root = root
+        self._wrapper = wrapper
+        self._base_env = base_env
+        self._limits = limits
+        self._python = python
+        self._provider_id = provider_id
+
+    def find_languages(self) -> frozenset[str]:
+        """``python`` when the interpreter is in the box; ``bash`` and ``javascript`` too
+        when bash and node are (the Python driver hosts their sessions)."""
+        env = {**base_environment(self.root), **self._base_env}
+        try:
+            wrapped = self._wrapper.wrap([self._python], WrapContext(self.root, self.root, env))
+        except OperationError:
+            return frozenset()
+        path = wrapped.env.get("PATH", "")
+        if os.path.isabs(self._python):
+            found = os.access(self._python, os.X_OK)
+        else:
+            found = shutil.which(self._python, path=path) is not None
+        if not found:
+            return frozenset()
+        hosted = {"bash": "bash", "javascript": "node"}
+        return frozenset(
+            {_LANGUAGE}
+            | {lang for lang, program in hosted.items() if shutil.which(program, path=path)}
+        )
+
+    async def launch(self, cwd: str | None, args: Sequence[str]) -> CodeChannel:
+        """Start ``python args`` wrapped like a shell command; see :class:`CodeLauncher`."""
+        try:
+            root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            raise WorkspaceEvictedError(
+                "the workspace directory no longer exists", provider_id=self._provider_id
+            ) from None
+        try:
+            cwd_fd = CommandChecker.open_cwd(root_fd, cwd)
+        finally:
+            os.close(root_fd)
+        in_r, in_w = os.pipe2(os.O_CLOEXEC)
+        channel: _ReaperChannel | None = None
+        try:
+            host_cwd = _fd_path(cwd_fd) or self.root
+            env = {**base_environment(self.root), **self._base_env, "MPLBACKEND": "Agg"}
+            argv = [self._python, *args]
+            wrapped = self._wrapper.wrap(argv, WrapContext(self.root, host_cwd, env))
+            passed = [cwd_fd, in_r, *wrapped.pass_fds]
+            payload = encode_request(
+                argv=wrapped.argv,
+                env=wrapped.env,
+                cwd=wrapped.cwd,
+                timeout_s=_FOREVER_S,
+                limit=_NO_CAP,
+                stdin_index=1,
+                cwd_index=0,
+                passes=[(2 + i, target) for i, target in enumerate(wrapped.pass_fds)],
+            )
+            reaper = await POOL.acquire(self._limits, fresh=True)
+            channel = _ReaperChannel(reaper, in_w)
+            sent = await _send(reaper, payload, _fd_array(passed))
+            channel.seq = reaper.seq
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                if channel is not None:
+                    await channel.kill()
+                else:
+                    os.close(in_w)
+            raise
+        finally:
+            os.close(in_r)
+            os.close(cwd_fd)
+        if not sent:
+            with anyio.CancelScope(shield=True):
+                await channel.kill()
+            raise OperationError("could not start the interpreter", code="failed")
+        os.set_blocking(in_w, False)
+        return channel
+
+
+class _ReaperChannel:
+    """A driver's stdin pipe and the reaper socket carrying its stdout and end."""
+
+    def __init__(self, reaper: Reaper, stdin_w: int) -> None:
+        self._reaper: Reaper | None = reaper
+        self._stdin_w = stdin_w
+        self.seq = 0
+        self._ended = False
+        self._reading = False
+
+    async def send(self, data: bytes) -> None:
+        """Write everything to the driver's stdin pipe; see :class:`CodeChannel`."""
+        view = memoryview(data)
+        while view:
+            if self._stdin_w < 0:
+                raise _Lost("its input channel is closed")
+            try:
+                view = view[os.write(self._stdin_w, view) :]
+            except BlockingIOError:
+                await anyio.wait_writable(self._stdin_w)
+            except BrokenPipeError:
+                raise _Lost("its interpreter stopped reading") from None
+
+    async def receive(self) -> bytes:
+        """The driver's next stdout bytes; see :class:`CodeChannel`."""
+        while True:
+            reaper = self._reaper
+            if reaper is None:
+                raise _Lost("it was deleted")
+            self._reading = True
+            try:
+                message = await _recv(reaper)
+            finally:
+                self._reading = False
+            if self._reaper is None:  # killed by another task meanwhile
+                raise _Lost("it was deleted")
+            tag = message[:1]
+            if tag == b"1":
+                if len(message) > 1:
+                    return message[1:]
+            elif tag != b"2":  # b"2": the driver's own stderr, a crash report, never shown
+                # Already over: nothing to kill, the reaper reaped the whole tree.
+                self._ended = True
+                raise _Lost(_exit_reason(message))
+
+    async def kill(self) -> None:
+        """Kill the tree through the reaper and wait (bounded) until it says it is gone."""
+        if self._stdin_w >= 0:
+            os.close(self._stdin_w)
+            self._stdin_w = -1
+        reaper, self._reaper = self._reaper, None
+        if reaper is None:
+            return
+        if not self._ended:
+            reaper.kill(self.seq)
+            if self._reading:
+                # A cell of another task is reading this socket: wake it (it
+                # reports the context lost) and let the reaper finish the kill.
+                anyio.notify_closing(reaper.sock)
+            else:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_KILL_WAIT_S):
+                    while True:
+                        message = await _recv(reaper)
+                        if not message or message[:1] == b"X":
+                            break
+        reaper.close()
+
+
 async def _recv(reaper: Reaper) -> bytes:
     sock = reaper.sock
     while True:
@@ -659,8 +858,14 @@ def _exit_reason(final: bytes) -> str:
     kind, value, _out, _err, _flags = FINAL.unpack_from(final, 1)
     if kind == KIND_ERRNO:
         return f"the interpreter could not be run: {os.strerror(value)}"
-    code = os.waitstatus_to_exitcode(value)
-    # bubblewrap reports a signal death as 128 + n.
+    return exit_status_reason(os.waitstatus_to_exitcode(value))
+
+
+def exit_status_reason(code: int) -> str:
+    """How an interpreter ended, from its exit code (negative or ``128 + n``: signal ``n``).
+
+    Shells and container engines report a signal death as ``128 + n``.
+    """
     number = -code if code < 0 else code - 128 if 128 < code < 160 else 0
     if number:
         name = _signal_name(number)

@@ -25,6 +25,7 @@ import attrs
 from corral.provider import (
     DEFAULT_MAX_FILE_BYTES,
     BuildContext,
+    CodeInterpreter,
     FileSystem,
     ModularWorkspace,
     Modules,
@@ -76,6 +77,9 @@ class Isolation:
         process_checks: Guards around background processes (the checks a
             decorated shell runs around each command, for processes that
             outlive any one call).
+        script: The ``script`` module this isolation provides (fresh boxes
+            that see nothing of the workspace), used when ``script`` is
+            declared; None: the provider has none.
     """
 
     wrapper: CommandWrapper | None = None
@@ -86,6 +90,7 @@ class Isolation:
     after_extract: Callable[[str, str], object] | None = None
     terminal_wrapper: CommandWrapper | None = None
     process_checks: ProcessChecks | None = None
+    script: CodeInterpreter | None = None
 
 
 NO_ISOLATION: Final = Isolation()
@@ -384,7 +389,13 @@ class _TmpdirBuilder:
             return {**facts, **extra}
 
         return Modules(
-            fs=agent_fs, shell=shell, code=code, snapshot=snap, extra=more, details=details
+            fs=agent_fs,
+            shell=shell,
+            code=code,
+            script=isolation.script if "script" in caps else None,
+            snapshot=snap,
+            extra=more,
+            details=details,
         )
 
 
