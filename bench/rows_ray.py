@@ -6,7 +6,9 @@
 * open throughput: N workspaces opened concurrently across the three nodes
   (N = 60, 20 with ``--quick``, ``CORRAL_BENCH_RAY_OPEN=1000`` for the
   issue's figure), workspaces/s, and agent memory per workspace per node;
-* per-call latency of ``ls`` with 1 and with N sessions calling at once.
+* per-call latency of ``ls`` with 1, 100 and N sessions calling at once;
+* clean-up: after the row every workspace is closed (the agents report
+  none), and once the cluster is stopped no process of it is left.
 """
 
 from __future__ import annotations
@@ -70,7 +72,13 @@ async def ray_rows(ctx: Ctx) -> list[Row]:
     )
     n = int(os.environ.get("CORRAL_BENCH_RAY_OPEN", "20" if ctx.quick else "60"))
     opens = _row("open", f"open {n} workspaces on 3 nodes", "concurrent opens", "-")
-    load = _row("load", f"ls with {n} sessions at once", f"{n} concurrent", "1 session")
+    levels = sorted({1, min(100, n), n})
+    load = _row(
+        "load",
+        "ls with " + " / ".join(map(str, levels)) + " sessions at once",
+        "concurrent sessions",
+        "1 session",
+    )
     rows = [read, floor, run, opens, load]
     try:
         from corral_ray import shutdown_agents
@@ -86,7 +94,7 @@ async def ray_rows(ctx: Ctx) -> list[Row]:
             await anyio.to_thread.run_sync(
                 lambda r=resource: cluster.start_node(r, head=r == "head")
             )
-        await _measure(ctx, cluster, read, floor, run, opens, load, n)
+        await _measure(ctx, cluster, read, floor, run, opens, load, n, levels)
     except (BenchSkip, RuntimeError, OSError, corral.WorkspaceError) as exc:
         for row in rows:
             row.skipped = row.skipped or skip_reason(exc)
@@ -97,11 +105,29 @@ async def ray_rows(ctx: Ctx) -> list[Row]:
             await anyio.to_thread.run_sync(shutdown_agents)
             ray.shutdown()
         cluster.stop()
+        from corral_ray.testing import processes_matching
+
+        left = processes_matching(str(cluster.base))
+        deadline = time.monotonic() + 15
+        while left and time.monotonic() < deadline:
+            await anyio.sleep(0.2)
+            left = processes_matching(str(cluster.base))
+        opens.extra["leftover_processes"] = len(left)
+        if left:
+            ctx.log(f"{opens.id}: {len(left)} processes of the cluster outlived it")
     return rows
 
 
 async def _measure(
-    ctx: Ctx, cluster: Any, read: Row, floor: Row, run: Row, opens: Row, load: Row, n: int
+    ctx: Ctx,
+    cluster: Any,
+    read: Row,
+    floor: Row,
+    run: Row,
+    opens: Row,
+    load: Row,
+    n: int,
+    levels: list[int],
 ) -> None:
     ray_options = {
         "address": cluster.address,
@@ -154,10 +180,16 @@ async def _measure(
             call(bash_ses, "workspace_run", {"command": "true"}),
             slow=True,
         )
-    await _open_throughput(ctx, cluster, opens, load, n)
+    await _open_throughput(ctx, cluster, opens, load, n, levels)
 
 
-async def _open_throughput(ctx: Ctx, cluster: Any, opens: Row, load: Row, n: int) -> None:
+async def _timed(read_once: Any, o: Any, samples: list[float]) -> None:
+    samples.append(await read_once(o))
+
+
+async def _open_throughput(
+    ctx: Ctx, cluster: Any, opens: Row, load: Row, n: int, levels: list[int]
+) -> None:
     from corral_ray import RayProvider
 
     provider = RayProvider(
@@ -179,7 +211,8 @@ async def _open_throughput(ctx: Ctx, cluster: Any, opens: Row, load: Row, n: int
 
     # Start the agents first: their start-up is a one-off cost, not throughput.
     warm = await provider.open(corral.ProviderConfig(kind="ray"), corral.SessionRef("warm"))
-    agents = {}
+    agents: dict[str, int] = {}
+    handles: dict[str, Any] = {}
     try:
         import ray
 
@@ -193,6 +226,7 @@ async def _open_throughput(ctx: Ctx, cluster: Any, opens: Row, load: Row, n: int
                 )
                 info = await anyio.to_thread.run_sync(ray.get, handle.ping.remote())
                 agents[node["NodeID"]] = int(info[1]["pid"])
+                handles[node["NodeID"]] = handle
     except Exception as exc:
         opens.skipped = skip_reason(exc)
     before = {node: _rss(pid) for node, pid in agents.items()}
@@ -205,14 +239,15 @@ async def _open_throughput(ctx: Ctx, cluster: Any, opens: Row, load: Row, n: int
         per_node: dict[str, int] = {}
         for o in opened:
             per_node[o.ref.payload["node_id"]] = per_node.get(o.ref.payload["node_id"], 0) + 1
-        mem = [
-            (_rss(agents[node]) - before[node]) / count
+        mem = {
+            node[:8]: (_rss(agents[node]) - before[node]) / count
             for node, count in per_node.items()
             if node in agents and count
-        ]
+        }
+        per_node_kib = ", ".join(f"{fmt_num(v / 1024)}" for v in mem.values())
         opens.shown = (
             f"{fmt_num(n / elapsed)} workspaces/s; nodes {sorted(per_node.values())}; "
-            f"agent RSS +{fmt_num(statistics.mean(mem) / 1024) if mem else '?'} KiB/workspace"
+            f"agent RSS +[{per_node_kib}] KiB/workspace per node"
         )
         opens.extra.update({"per_s": n / elapsed, "per_node": per_node, "rss_per_ws": mem})
         ctx.log(f"{opens.id}: {opens.shown}")
@@ -222,22 +257,30 @@ async def _open_throughput(ctx: Ctx, cluster: Any, opens: Row, load: Row, n: int
             await o.workspace.fs.ls("/")
             return time.perf_counter() - t
 
-        single = [await read_once(opened[0]) for _ in range(20)]
-        together: list[float] = []
-
-        async def timed(o: Any) -> None:
-            together.append(await read_once(o))
-
-        async with anyio.create_task_group() as tg:
-            for o in opened:
-                tg.start_soon(timed, o)
-        load.shown = (
-            f"p50 {fmt_num(statistics.median(together) * 1000)} ms with {n} at once vs "
-            f"{fmt_num(statistics.median(single) * 1000)} ms alone"
+        medians: dict[int, float] = {}
+        for level in levels:
+            samples: list[float] = []
+            for _ in range(20 if level == 1 else 3):
+                async with anyio.create_task_group() as tg:
+                    for o in opened[:level]:
+                        tg.start_soon(_timed, read_once, o, samples)
+            medians[level] = statistics.median(samples) * 1000
+        load.shown = "p50 " + ", ".join(
+            f"{fmt_num(ms)} ms at {level}" for level, ms in medians.items()
         )
-        load.extra.update({"alone_ms": statistics.median(single) * 1000})
+        load.extra.update({"p50_ms": medians})
         ctx.log(f"{load.id}: {load.shown}")
     finally:
         with anyio.CancelScope(shield=True):
             for o in [*opened, warm]:
                 await o.workspace.close()
+            # Every workspace of the row is gone from its agent.
+            import ray
+
+            left = 0
+            for handle in handles.values():
+                info = await anyio.to_thread.run_sync(ray.get, handle.ping.remote())
+                left += int(info[1]["workspaces"])
+            opens.extra["left_workspaces"] = left
+            if left:
+                ctx.log(f"{opens.id}: {left} workspaces still hosted after closing them all")

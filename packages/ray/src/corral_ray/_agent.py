@@ -47,6 +47,7 @@ from corral.provider import (
     describe_workspace,
 )
 
+from ._rpc import AgentServer
 from ._wire import PROVIDER_ID, Reply, encode_error, full, ok
 
 __all__ = ["AgentSpec", "NodeAgent", "describe_modules"]
@@ -167,6 +168,8 @@ class NodeAgent:
         self._reaper: asyncio.Task[None] | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._reap_every = 1.0
+        self._server: AgentServer | None = None
+        self._server_lock: asyncio.Lock | None = None
 
     def _inner(self) -> WorkspaceProvider:
         if self._provider is None:
@@ -247,6 +250,28 @@ class NodeAgent:
                 "max_workspaces": self._spec.max_workspaces,
             }
         )
+
+    async def endpoint(self) -> Reply:
+        """The agent's direct channel: ``{"host", "port", "secret"}``, started on first use.
+
+        The server listens on the node's address, on this actor's event loop
+        (calls run where the workspaces live, without Ray's thread hop). The
+        secret only leaves the agent through this Ray call.
+        """
+        import ray
+
+        if self._server_lock is None:
+            self._server_lock = asyncio.Lock()
+        try:
+            async with self._server_lock:
+                if self._server is None:
+                    server = AgentServer(self.call)
+                    await server.start(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+                    self._server = server
+            host, port = self._server.address or ("", 0)
+            return ok({"host": host, "port": port, "secret": self._server.secret})
+        except Exception as exc:
+            return encode_error(exc)
 
     async def open(
         self,
@@ -389,6 +414,8 @@ class NodeAgent:
         """
         if self._reaper is not None:
             self._reaper.cancel()
+        if self._server is not None:
+            self._server.close()
         hosted = list(self._live.values())
         self._live.clear()
         for item in hosted:

@@ -1,13 +1,21 @@
 """The driver's side of one workspace: calls to its node agent, Ray failures mapped, leases kept.
 
-A call is one actor method call; its reply is awaited without blocking the
-event loop (natively on asyncio, in a worker thread on trio). Arguments and
-results above Ray's inline limit (100 KiB) travel through the object store
-directly between the driver's and the agent's nodes, never through a third
-process. A Ray failure (the agent died, its node is gone) becomes
-:class:`WorkspaceEvictedError` naming the node: the tool layer then
-re-resolves, and resolve tells a lost node (failed) from a restarted agent
-(re-attached).
+A call goes over the agent's direct channel (:mod:`corral_ray._rpc`): one
+socket round trip on the caller's event loop, about a millisecond cheaper
+than a Ray actor call. It takes the actor path instead -- one actor method
+call whose reply is awaited without blocking the event loop (natively on
+asyncio, in a worker thread on trio), contents above Ray's inline limit
+through the object store -- when the agent has no channel, when no
+authenticated connection to it can be made (e.g. a firewall between the
+nodes; the endpoint is then marked down for the process), or when the
+call's arguments are outside the channel's closed set of types (a compiled
+grep matcher).
+
+A dead agent or node becomes :class:`WorkspaceEvictedError` naming the
+node: on the actor path Ray says so; on the channel a connection that
+breaks mid-call makes the driver ask Ray whether the agent still answers.
+The tool layer then re-resolves, and resolve tells a lost node (failed)
+from a restarted agent (re-attached).
 """
 
 from __future__ import annotations
@@ -21,13 +29,26 @@ from typing import Any, Final
 
 import anyio
 
-from corral.provider import WorkspaceEvictedError, workspace_closed
+from corral.provider import OperationError, WorkspaceEvictedError, workspace_closed
 
+from ._rpc import (
+    MAX_MESSAGE,
+    ChannelBrokenError,
+    ChannelUnreachableError,
+    CodecError,
+    Endpoint,
+    NotEncodableError,
+    decode_message,
+    direct_client,
+    encode_request,
+)
 from ._wire import PROVIDER_ID, decode
 
 __all__ = ["Channel", "await_ref", "lease_keeper", "unreachable"]
 
 log = logging.getLogger("corral.ray")
+
+_PING_S: Final = 10.0
 
 
 def _ray_errors() -> tuple[type[BaseException], ...]:
@@ -80,13 +101,17 @@ class Channel:
         key: The workspace's key in the agent's table.
         node_id: The node, for messages.
         agent: The agent's name, for lease renewal grouping.
+        direct: The agent's channel endpoint; ``None``: actor calls only.
     """
 
-    def __init__(self, handle: Any, key: str, node_id: str, agent: str) -> None:
+    def __init__(
+        self, handle: Any, key: str, node_id: str, agent: str, direct: Endpoint | None = None
+    ) -> None:
         self.handle = handle
         self.key = key
         self.node_id = node_id
         self.agent = agent
+        self.direct = direct
         self.closed = False
 
     def lost(self) -> WorkspaceEvictedError:
@@ -107,6 +132,32 @@ class Channel:
         """
         if self.closed:
             raise workspace_closed()
+        direct = self.direct
+        if direct is not None and not direct_client().is_down(direct):
+            try:
+                request: bytes | None = encode_request(self.key, module, method, args, kwargs)
+            except NotEncodableError:
+                request = None
+            if request is not None and len(request) <= MAX_MESSAGE:
+                try:
+                    raw = await direct_client().call(direct, request)
+                except ChannelUnreachableError:
+                    log.warning(
+                        "corral-ray: the channel of the agent on node %s is unreachable; "
+                        "using Ray actor calls",
+                        self.node_id,
+                    )
+                except ChannelBrokenError:
+                    raise await self._broken() from None
+                else:
+                    try:
+                        reply = decode_message(raw)
+                    except CodecError:
+                        raise OperationError(
+                            f"{PROVIDER_ID}: the reply of the node agent could not be decoded",
+                            code="failed",
+                        ) from None
+                    return decode(reply)
         try:
             reply = await await_ref(self.handle.call.remote(self.key, module, method, args, kwargs))
         except Exception as exc:
@@ -114,6 +165,21 @@ class Channel:
                 raise self.lost() from exc
             raise
         return decode(reply)
+
+    async def _broken(self) -> Exception:
+        """The error for a call whose channel connection broke: is the agent still there?"""
+        try:
+            with anyio.fail_after(_PING_S):
+                decode(await await_ref(self.handle.ping.remote()))
+        except Exception as exc:
+            if unreachable(exc):
+                return self.lost()
+            raise
+        return OperationError(
+            f"{PROVIDER_ID}: the connection to the node agent on node {self.node_id} broke "
+            "during the call; it may or may not have taken effect",
+            code="failed",
+        )
 
 
 class _LeaseKeeper:

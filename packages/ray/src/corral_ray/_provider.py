@@ -28,6 +28,7 @@ from corral.provider import (
     ConfigError,
     Modules,
     OpenedWorkspace,
+    OperationError,
     ProviderConfig,
     SessionRef,
     Workspace,
@@ -47,6 +48,7 @@ from ._proxy import (
     SnapshotProxy,
     VersionsProxy,
 )
+from ._rpc import Endpoint, direct_client
 from ._wire import PROVIDER_ID, decode
 
 __all__ = ["NAMESPACE", "SCHEMA_VERSION", "RayProvider", "RayRefPayload", "shutdown_agents"]
@@ -104,6 +106,7 @@ class _Cluster:
         self._nodes: list[dict[str, Any]] = []
         self._nodes_at = -1e9
         self._agents: dict[str, Any] = {}
+        self._endpoints: dict[str, tuple[Any, Endpoint | None]] = {}
         self.gcs_address = ""
         self.pending: dict[str, int] = {}
         """Opens in flight from this process, by node (placement counts them)."""
@@ -173,9 +176,45 @@ class _Cluster:
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         ).remote(self._options.agent_spec())
 
+    async def endpoint(self, node_id: str, handle: Any) -> Endpoint | None:
+        """The direct channel of a node's agent (one Ray call per agent, then cached).
+
+        ``None`` when the agent has no channel: its workspaces use actor calls.
+        """
+        cached = self._endpoints.get(node_id)
+        if cached is not None and cached[0] is handle:
+            return cached[1]
+        try:
+            with anyio.fail_after(self._options.open_timeout_s):
+                reply = await await_ref(handle.endpoint.remote())
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
+            # Not cached: the next workspace on this agent asks again.
+            log.warning("corral-ray: the agent on node %s did not give its channel", node_id)
+            return None
+        endpoint: Endpoint | None = None
+        try:
+            info = decode(reply)
+            if not isinstance(info["secret"], bytes) or len(info["secret"]) < 16:
+                raise TypeError("secret")  # noqa: TRY301 -- one path for every malformed reply
+            endpoint = Endpoint(
+                host=str(info["host"]), port=int(info["port"]), secret=info["secret"]
+            )
+        except (OperationError, WorkspaceFailedError, KeyError, TypeError, ValueError) as exc:
+            # The agent cannot serve a channel: remembered, its workspaces use actor calls.
+            log.warning(
+                "corral-ray: the agent on node %s has no channel (%s); using Ray actor calls",
+                node_id,
+                type(exc).__name__,
+            )
+        self._endpoints[node_id] = (handle, endpoint)
+        return endpoint
+
     def forget(self, node_id: str) -> None:
         """Drop a cached agent handle (its agent died); the next use looks it up again."""
         self._agents.pop(node_id, None)
+        self._endpoints.pop(node_id, None)
 
 
 class RayProvider:
@@ -410,6 +449,10 @@ class _RayBuilder:
             try:
                 handle = await self._c.agent(node_id)
                 with anyio.fail_after(max(0.01, deadline - time.monotonic())):
+                    # Cached with the handle (one Ray call per agent and process): the
+                    # cache fills when agents are first seen, never per workspace.
+                    # Before the ping, so the loads are as fresh as they were.
+                    await self._c.endpoint(node_id, handle)
                     info = decode(await await_ref(handle.ping.remote()))
             except Exception as exc:
                 if not unreachable(exc):
@@ -484,15 +527,20 @@ class _RayBuilder:
             handle, description = ctx.opening.handle, ctx.opening.description
         else:
             handle, description = await self._attach(payload)
-        channel = Channel(handle, payload.workspace, payload.node_id, payload.agent)
+        direct = await self._c.endpoint(payload.node_id, handle)
+        channel = Channel(handle, payload.workspace, payload.node_id, payload.agent, direct)
         keeper = lease_keeper()
         keeper.add(channel, self._o.lease_s)
+        if direct is not None:
+            direct_client().hold(direct)
 
-        def release() -> None:
+        async def release() -> None:
             channel.closed = True
             keeper.discard(channel)
+            if direct is not None:
+                await direct_client().release(direct)
 
-        ctx.releases.callback(release)
+        ctx.releases.push_async_callback(release)
 
         def wrap(value: Any) -> WorkspaceRef:
             _tag, inner_ref, key = value
