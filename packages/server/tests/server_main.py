@@ -1,12 +1,15 @@
 """A ``corral serve`` for crash tests: local-bash with its real ``process`` module, SQLite state.
 
 Usage: ``python server_main.py DATA BOXES``; prints ``listening on URL`` then serves
-until killed. The holder id is fixed, as a restarted replica's is.
+until killed. The holder id is fixed, as a restarted replica's is (see
+:class:`ProcessLocalBash` for the hook that stops inside ``open``).
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from typing import Any
 
 import anyio
 
@@ -15,9 +18,22 @@ from corral_server import LocalBlobStore, WorkspaceService, open_store, serve
 
 
 class ProcessLocalBash(LocalBashProvider):
-    """local-bash declaring the ``process`` module its builder already assembles."""
+    """local-bash declaring the ``process`` module its builder already assembles.
+
+    With ``CORRAL_TEST_HANG_AFTER_OPEN=PATH`` in the environment, ``open``
+    creates the box, then touches PATH and never returns: the point between
+    ``provider.open`` and recording the ref, where a test SIGKILLs.
+    """
 
     capabilities = LocalBashProvider.capabilities | {"process"}  # type: ignore[misc]
+
+    async def open(self, *args: Any, **kw: Any) -> Any:
+        opened = await super().open(*args, **kw)
+        flag = os.environ.get("CORRAL_TEST_HANG_AFTER_OPEN")
+        if flag:
+            open(flag, "w").close()
+            await anyio.sleep_forever()
+        return opened
 
 
 async def main(data: str, boxes: str) -> None:

@@ -131,6 +131,45 @@ def test_kill_during_materialization_then_usable(tmp_path: Path) -> None:
         box.stop()
 
 
+def test_kill_between_open_and_recording_the_ref_leaks_no_box(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL right after ``provider.open`` made a box, before its ref is recorded."""
+    box = Box(tmp_path)
+    try:
+        c = box.start()
+        ws = c.create(SANDBOX)["id"]
+        h = c.exec(ws, "echo keep > k")["id"]
+        c.wait(ws, h, timeout_s=30)
+        c.stop(ws)
+        flag = tmp_path / "opened"
+        monkeypatch.setenv("CORRAL_TEST_HANG_AFTER_OPEN", str(flag))
+        box.stop()
+        c = box.start()
+        import threading
+
+        t = threading.Thread(target=_quiet, args=(c.connect, ws))
+        t.start()
+        deadline = time.monotonic() + 60
+        while not flag.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        box.kill()
+        t.join()
+        base = next(box.boxes.iterdir())
+        assert len([d for d in os.listdir(base) if d.startswith("ws-")]) == 1  # the leak-to-be
+        monkeypatch.delenv("CORRAL_TEST_HANG_AFTER_OPEN")
+        c = box.start()
+        c.connect(ws)
+        h = c.exec(ws, "cat k")["id"]
+        c.wait(ws, h, timeout_s=30)
+        assert b"".join(c.output(ws, h)) == b"keep\n"
+        live = [d for d in os.listdir(base) if d.startswith("ws-")]
+        assert len(live) == 1  # the box the killed open made was reclaimed, not leaked
+    finally:
+        box.stop()
+
+
 def test_handle_of_a_lost_box_reads_lost(tmp_path: Path) -> None:
     box = Box(tmp_path)
     try:

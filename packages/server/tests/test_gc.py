@@ -15,7 +15,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
 from corral.provider import ProcessRequest
@@ -29,6 +31,8 @@ SANDBOX = {"provider": "in-memory", "capabilities": ["fs", "process"]}
 GRACE = 3600.0
 LATER = 3 * GRACE
 """Seconds ahead of the clock that make every blob written so far collectable."""
+SKEW = 0.5
+"""The collector's clock-skew margin where a test waits for a capture to expire."""
 
 
 async def _write(service: WorkspaceService, project: str, ws: str, path: str, data: bytes) -> None:
@@ -70,7 +74,7 @@ def _count(root: str) -> int:
 async def _assert_every_reference_readable(service: WorkspaceService) -> set[str]:
     """Every blob a version or handle references reads back whole; return them all."""
     fresh = LocalBlobStore(service.blobs.root)  # type: ignore[attr-defined]
-    manifests, archives = await service.store.blob_roots()
+    manifests, archives, _oldest = await service.store.blob_roots()
     seen = set(manifests) | archives
     for digest in manifests:
         for kind, _mode, _size, blob in decode(fresh.get(digest)).values():
@@ -143,14 +147,88 @@ async def test_blobs_of_an_in_flight_version_are_kept(tmp_path: Path, store_url:
     await service.store.aclose()
 
 
-async def test_a_capture_longer_than_half_the_grace_is_refused(tmp_path: Path) -> None:
-    service = make_service(tmp_path, ProcessMemoryProvider(), gc_grace_s=0.0)
+class _Gate:
+    """Makes the live box's ``read_file`` of ``/zz-slow`` wait: a capture stuck mid-way."""
+
+    def __init__(self, service: WorkspaceService, ws: str) -> None:
+        self.entered = anyio.Event()
+        self.release = anyio.Event()
+        fs = service._live[ws].workspace.fs
+        real = fs.read_file
+
+        async def read_file(path: str, **kw: Any) -> bytes:
+            if path == "/zz-slow":
+                self.entered.set()
+                await self.release.wait()
+            return await real(path, **kw)
+
+        fs.read_file = read_file  # type: ignore[method-assign]
+
+
+async def test_a_capture_longer_than_the_grace_commits_and_keeps_its_blobs(
+    tmp_path: Path, store_url: str
+) -> None:
+    """A registered capture protects what it wrote however long it takes; the rest goes."""
+    service = make_service(
+        tmp_path, ProcessMemoryProvider(), url=store_url, gc_grace_s=0.05, lease_ttl_s=60.0
+    )
+    blobs = service.blobs
     await service.store.migrate()
     project, _ = await service.create_project("p1")
     ws = (await service.create(project, {"sandbox": SANDBOX})).id
-    await _write(service, project, ws, "a.txt", b"x")
-    with pytest.raises(ServiceError, match="grace period"):
-        await service.take_version(project, ws)
+    await _write(service, project, ws, "a.txt", b"first of the slow capture")
+    await _write(service, project, ws, "zz-slow", b"the file it is stuck on")
+    garbage = blobs.put(b"unreferenced, older than the capture")
+    ancient = time.time() - LATER
+    os.utime(os.path.join(blobs.root, garbage[:2], garbage[2:]), (ancient, ancient))  # type: ignore[attr-defined]
+    gate = _Gate(service, ws)
+    async with anyio.create_task_group() as tg:
+        versions: list[str] = []
+
+        async def take() -> None:
+            versions.append((await service.take_version(project, ws)).id)
+
+        tg.start_soon(take)
+        await gate.entered.wait()
+        written = hashlib.sha256(b"first of the slow capture").hexdigest()
+        assert blobs.has(written)
+        await anyio.sleep(0.2)  # longer than the grace: its first blob is "old" now
+        report = await service.collect_garbage(now=time.time() + LATER)
+        assert blobs.has(written)
+        assert not blobs.has(garbage)
+        assert report.removed == 1
+        gate.release.set()
+    # It committed, and everything it references is there after another collection.
+    assert versions
+    await service.collect_garbage(now=time.time() + LATER)
+    await _assert_every_reference_readable(service)
+    assert await service.read_file(project, ws, "a.txt") == b"first of the slow capture"
+    assert await service.read_file(project, ws, "zz-slow") == b"the file it is stuck on"
+    assert (await service.store.blob_roots())[2] is None  # no capture row left behind
+    await service.store.aclose()
+
+
+async def test_an_expired_capture_cannot_commit(tmp_path: Path, store_url: str) -> None:
+    """A capture whose row expired (nothing renewed it) may have lost blobs: refused."""
+    service = make_service(tmp_path, ProcessMemoryProvider(), url=store_url, lease_ttl_s=0.05)
+    await service.store.migrate()
+    project, _ = await service.create_project("p1")
+    ws = (await service.create(project, {"sandbox": SANDBOX})).id
+    await _write(service, project, ws, "zz-slow", b"x")
+    before = (await service.get(project, ws)).current_version_id
+    gate = _Gate(service, ws)
+    async with anyio.create_task_group() as tg:
+
+        async def take() -> None:
+            with pytest.raises(ServiceError, match="expired"):
+                await service.take_version(project, ws)
+
+        tg.start_soon(take)
+        await gate.entered.wait()
+        await anyio.sleep(0.3)  # past its TTL; the renewer is not running
+        assert (await service.store.blob_roots())[2] is None
+        gate.release.set()
+    assert (await service.get(project, ws)).current_version_id == before
     await service.store.aclose()
 
 
@@ -235,4 +313,40 @@ async def test_sigkill_during_collection_loses_no_referenced_blob(
     referenced = await _assert_every_reference_readable(service)
     assert _on_disk(blobs) == referenced
     assert killed_mid_way > 0
+    await service.store.aclose()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_crashed_capture_stops_protecting_after_expiry(
+    tmp_path: Path, store_url: str
+) -> None:
+    """SIGKILL a service mid-capture: its blobs are kept while its row lives, collected after."""
+    service = make_service(tmp_path, ProcessMemoryProvider(), url=store_url, gc_grace_s=0.0)
+    await service.store.migrate()
+    blobs = service.blobs
+    assert isinstance(blobs, LocalBlobStore)
+    argv = [sys.executable, os.path.join(os.path.dirname(__file__), "capture_main.py")]
+    proc = subprocess.Popen(
+        [*argv, store_url, blobs.root], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"capturing\n"
+        written = hashlib.sha256(b"written by a capture that crashes").hexdigest()
+        await anyio.sleep(1.5)  # past one TTL: only its renewals keep the row live
+        # A small margin: file times are coarser than the clock (the margin's other reason).
+        await service.collect_garbage(now=time.time() + LATER, skew_s=SKEW)
+        assert blobs.has(written)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    deadline = time.monotonic() + 30
+    while (await service.store.blob_roots(skew_s=SKEW))[2] is not None:
+        assert time.monotonic() < deadline, "a dead service's capture never expired"
+        await anyio.sleep(0.1)
+    await service.collect_garbage(now=time.time() + LATER, skew_s=SKEW)
+    assert not blobs.has(written)
+    assert _on_disk(blobs) == await _assert_every_reference_readable(service)
     await service.store.aclose()

@@ -11,8 +11,9 @@ service. The contract an implementation must keep:
 * blobs are immutable, so ``put`` of an existing digest stores nothing new
   and any replica may read what another wrote -- but it *refreshes the
   blob's written time*: the garbage collector never removes a blob written
-  or re-put within its grace period, and that is what protects the blobs of
-  a version being taken (see :mod:`corral_server._gc`);
+  or re-put after the oldest live capture started (or within its grace
+  period), and that is what protects the blobs of a version being taken
+  (see :mod:`corral_server._gc`);
 * ``list`` yields every blob with its last written time, and
   ``collect(digest, cutoff)`` removes a blob only if it was not written
   since ``cutoff``, decided atomically with respect to a concurrent ``put``

@@ -36,7 +36,7 @@ from corral import ConfigError
 from ._blobs import LocalBlobStore
 from ._client import ApiError, Client, client_settings
 from ._errors import ServiceError
-from ._gc import DEFAULT_GRACE_S
+from ._gc import DEFAULT_GRACE_S, DEFAULT_SKEW_S
 from ._serve import check_bind, serve
 from ._service import ProviderFactory, WorkspaceService, plugin_providers
 from ._store import open_store
@@ -120,8 +120,14 @@ def _configure_serve(parser: argparse.ArgumentParser) -> None:
         "--gc-grace",
         type=float,
         default=DEFAULT_GRACE_S,
-        help="never collect a blob written less than S seconds ago; a version taking "
-        "longer than S/2 to capture is refused (default 3600)",
+        help="never collect a blob written less than S seconds ago (default 3600); blobs "
+        "of versions being taken are kept however long they take",
+    )
+    parser.add_argument(
+        "--gc-skew",
+        type=float,
+        default=DEFAULT_SKEW_S,
+        help="how far the replicas' and the blob store's clocks may disagree (default 60)",
     )
     parser.add_argument(
         "--gc",
@@ -147,6 +153,7 @@ async def _serve_main(args: argparse.Namespace) -> int:
         providers=_offered(args.provider),
         gc_interval_s=args.gc_interval if args.gc_interval > 0 else None,
         gc_grace_s=args.gc_grace,
+        gc_skew_s=args.gc_skew,
     )
     await store.migrate()
     if args.gc:

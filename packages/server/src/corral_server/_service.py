@@ -16,13 +16,14 @@ box and drops the lease.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final, Protocol
 
 import anyio
@@ -46,7 +47,7 @@ from corral.provider import (
 
 from ._blobs import BlobStore
 from ._errors import ServiceError
-from ._gc import DEFAULT_GRACE_S, GcReport, collect_garbage
+from ._gc import DEFAULT_GRACE_S, DEFAULT_SKEW_S, GcReport, collect_garbage
 from ._livefs import fs_call
 from ._model import (
     HandleRecord,
@@ -60,6 +61,7 @@ from ._model import (
     check_tags,
     new_id,
 )
+from ._reclaim import reclaim_session
 from ._store import SqlStore
 from ._versions import EMPTY_MANIFEST, VersionReader, capture, encode, restore
 
@@ -137,6 +139,14 @@ class _Live:
     provider: WorkspaceProvider
 
 
+@attrs.define
+class _Capture:
+    """An in-flight blob writer's registration (see :mod:`corral_server._gc`)."""
+
+    id: str
+    ended: bool = False
+
+
 class WorkspaceService:
     """Workspaces, versions, materializations and handles over a store and a blob store.
 
@@ -156,9 +166,12 @@ class WorkspaceService:
             a service whose clients are as trusted as its operator.
         gc_interval_s: Run the blob collector this often (None: never; see
             :mod:`corral_server._gc`).
-        gc_grace_s: The collector's grace period; a version whose capture
-            takes longer than half of it is refused (its first blobs could
-            be collected before its row is committed).
+        gc_grace_s: The collector's grace period. Versions are not bound by
+            it: every blob writer registers a capture row that keeps its
+            blobs from the collector (renewed with the leases, ending at its
+            commit; see :mod:`corral_server._gc`).
+        gc_skew_s: The collector's margin for clock differences between
+            replicas and the blob store, around captures.
     """
 
     def __init__(
@@ -174,6 +187,7 @@ class WorkspaceService:
         client_provider_options: bool = False,
         gc_interval_s: float | None = None,
         gc_grace_s: float = DEFAULT_GRACE_S,
+        gc_skew_s: float = DEFAULT_SKEW_S,
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -186,11 +200,15 @@ class WorkspaceService:
         self.client_provider_options = client_provider_options
         self.gc_interval_s = gc_interval_s
         self.gc_grace_s = gc_grace_s
+        self.gc_skew_s = gc_skew_s
         self._live: dict[str, _Live] = {}
         self._used: dict[str, float] = {}
         """Monotonic time each live box was last used (idle auto-stop)."""
         self._locks: dict[str, anyio.Lock] = {}
         self._tokens: dict[str, str] = {}
+        self._capture_holder = f"{self.holder}#{secrets.token_hex(6)}"
+        """This process's captures: unlike leases, never resumed by a restart
+        (a capture dies with its process), so the id is fresh per process."""
 
     # -- lifecycle of the service -------------------------------------------------
 
@@ -211,10 +229,22 @@ class WorkspaceService:
             except Exception:
                 log.exception("blob collection failed")
 
-    async def collect_garbage(self, *, now: float | None = None) -> GcReport:
-        """Remove blobs no version or handle archive references (see :mod:`corral_server._gc`)."""
+    async def collect_garbage(
+        self, *, now: float | None = None, skew_s: float | None = None
+    ) -> GcReport:
+        """Remove blobs nothing references or protects (see :mod:`corral_server._gc`).
+
+        Args:
+            now: The collection's start (tests move it; default: the clock).
+            skew_s: The clock-skew margin (default: the service's ``gc_skew_s``).
+        """
         return await collect_garbage(
-            self.store, self.blobs, grace_s=self.gc_grace_s, now=now, reader=self.reader
+            self.store,
+            self.blobs,
+            grace_s=self.gc_grace_s,
+            now=now,
+            reader=self.reader,
+            skew_s=self.gc_skew_s if skew_s is None else skew_s,
         )
 
     async def _renew_loop(self) -> None:
@@ -228,6 +258,7 @@ class WorkspaceService:
     async def renew(self) -> None:
         """Extend this holder's leases; forget live boxes whose lease another holder took."""
         await self.store.renew_leases(self.holder, self.lease_ttl_s)
+        await self.store.renew_captures(self._capture_holder, self.lease_ttl_s)
         held = {lease.workspace_id for lease in await self.store.leases_of(self.holder)}
         for ws_id in list(self._live):
             if ws_id not in held:
@@ -278,6 +309,25 @@ class WorkspaceService:
                 await self._stop(ws_id)
         self._live.clear()
         self._used.clear()
+
+    @contextlib.asynccontextmanager
+    async def _capturing(self) -> AsyncIterator[_Capture]:
+        """Register a blob writer before its first ``put``; drop the row when done.
+
+        The writer's commit ends the row in the same transaction (and sets
+        ``ended``); on any other exit it is dropped here, or expires.
+        """
+        cap = _Capture(new_id("cap"))
+        await self.store.begin_capture(cap.id, self._capture_holder, self.lease_ttl_s)
+        try:
+            yield cap
+        finally:
+            if not cap.ended:
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await self.store.end_capture(cap.id)
+                    except Exception:
+                        log.exception("dropping a capture's row failed (it expires)")
 
     # -- projects and tokens ------------------------------------------------------
 
@@ -335,10 +385,14 @@ class WorkspaceService:
         now = time.time()
         ws_id = new_id("ws")
         manifest = encode(EMPTY_MANIFEST)
-        digest = await anyio.to_thread.run_sync(self.blobs.put, manifest)
-        first = VersionRecord(new_id("ver"), ws_id, digest, now, 0, 0)
-        rec = WorkspaceRecord(ws_id, project, sandbox, metadata, tags, "active", first.id, now, now)
-        await self.store.insert_workspace(rec, first)
+        async with self._capturing() as cap:
+            digest = await anyio.to_thread.run_sync(self.blobs.put, manifest)
+            first = VersionRecord(new_id("ver"), ws_id, digest, now, 0, 0)
+            rec = WorkspaceRecord(
+                ws_id, project, sandbox, metadata, tags, "active", first.id, now, now
+            )
+            await self.store.insert_workspace(rec, first, capture_id=cap.id)
+            cap.ended = True
         return rec
 
     async def _validate(self, sandbox: SandboxDefinition) -> None:
@@ -489,20 +543,15 @@ class WorkspaceService:
         fs = live.workspace.fs
         if fs is None:
             raise ServiceError("the workspace has no fs module", code="failed")
-        started = time.monotonic()
-        try:
-            manifest, files, total = await capture(fs, self.blobs, live.workspace.shell)
-        except OperationError:
-            raise ServiceError("taking a version failed", code="failed") from None
-        digest = await anyio.to_thread.run_sync(self.blobs.put, manifest)
-        if time.monotonic() - started > self.gc_grace_s / 2:
-            # Its first blobs may already be older than the collector's cutoff.
-            raise ServiceError(
-                "taking the version took longer than half the blob collector's grace period",
-                code="failed",
-            )
-        v = VersionRecord(new_id("ver"), ws_id, digest, time.time(), files, total)
-        await self.store.add_version(v)
+        async with self._capturing() as cap:
+            try:
+                manifest, files, total = await capture(fs, self.blobs, live.workspace.shell)
+            except OperationError:
+                raise ServiceError("taking a version failed", code="failed") from None
+            digest = await anyio.to_thread.run_sync(self.blobs.put, manifest)
+            v = VersionRecord(new_id("ver"), ws_id, digest, time.time(), files, total)
+            await self.store.add_version(v, capture_id=cap.id)
+            cap.ended = True
         return v
 
     # -- materializations ---------------------------------------------------------
@@ -570,8 +619,14 @@ class WorkspaceService:
     ) -> Workspace | None:
         try:
             recorded = json.loads(lease_ref)
+            opening = recorded.get("opening")
+            if isinstance(opening, str):
+                # A holder died between ``provider.open`` and recording the
+                # ref: remove whatever it may have created (see _reclaim).
+                await reclaim_session(provider, opening)
+                return None
             workspace = await provider.resolve(ref_from_json(recorded["ref"]))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("workspace %s: its lease holds an unreadable ref", rec.id)
             return None
         except WorkspaceError:
@@ -588,6 +643,11 @@ class WorkspaceService:
 
     async def _open(self, rec: WorkspaceRecord, provider: WorkspaceProvider) -> Workspace:
         sandbox = rec.sandbox
+        # The intent first: a crash inside ``open`` or before its ref is
+        # recorded leaves this, and the next lease holder reclaims the box.
+        text = json.dumps({"opening": rec.id})
+        if not await self.store.set_lease_ref(rec.id, self.holder, text):
+            raise ServiceError("the workspace's lease was lost", code="busy")
         try:
             opened = await provider.open(
                 ProviderConfig(sandbox.provider, sandbox.session_options()),
@@ -660,17 +720,24 @@ class WorkspaceService:
         for h in await self.store.list_handles(ws_id):
             if "archive" in h.info:
                 continue
-            try:
-                info = await (pm.kill(h.process_id) if final else pm.info(h.process_id))
-                out = info_json(info)
-                if final:
+            if not final:
+                try:
+                    info = await pm.info(h.process_id)
+                except OperationError:
+                    continue
+                await self.store.update_handle_info(h.id, info_json(info))
+                continue
+            async with self._capturing() as cap:  # the archive's blobs, until its row names them
+                try:
+                    info = await pm.kill(h.process_id)
+                    out = info_json(info)
                     out["archive"] = {
                         name: await self._archive_stream(pm, h.process_id, name, info)
                         for name in ("stdout", "stderr")
                     }
-            except OperationError:
-                continue
-            await self.store.update_handle_info(h.id, out)
+                except OperationError:
+                    continue
+                await self.store.update_handle_info(h.id, out, capture_id=cap.id)
 
     async def _archive_stream(
         self, pm: ProcessManager, process_id: str, stream: str, info: ProcessInfo

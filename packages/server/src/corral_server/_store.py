@@ -73,6 +73,14 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         " info TEXT NOT NULL, created_at {REAL} NOT NULL)",
         "CREATE INDEX handles_workspace ON handles (workspace_id, created_at)",
     ),
+    (
+        # In-flight blob writers (version captures, handle archives, a new
+        # workspace's first manifest): the collector keeps every blob written
+        # after the oldest live one started (see corral_server._gc).
+        "CREATE TABLE captures (id TEXT PRIMARY KEY, holder TEXT NOT NULL,"
+        " started_at {REAL} NOT NULL, expires_at {REAL} NOT NULL)",
+        "CREATE INDEX captures_holder ON captures (holder)",
+    ),
 )
 """Schema migrations in order; entry ``i`` brings the schema from version ``i`` to ``i + 1``."""
 
@@ -385,10 +393,21 @@ class SqlStore:
             raise ServiceError("no such workspace", code="not_found")
         return self._workspace(row)
 
-    async def insert_workspace(self, rec: WorkspaceRecord, first: VersionRecord) -> None:
-        """Add a workspace with its first (empty) version as the current one."""
+    async def insert_workspace(
+        self, rec: WorkspaceRecord, first: VersionRecord, *, capture_id: str | None = None
+    ) -> None:
+        """Add a workspace with its first (empty) version as the current one.
+
+        Args:
+            rec: The workspace.
+            first: Its first version.
+            capture_id: The capture that wrote the version's blobs: ended in
+                the same transaction (``failed`` when it expired).
+        """
 
         def run(cur: Any) -> None:
+            if capture_id is not None:
+                self._finish_capture(cur, capture_id)
             self._exec(
                 cur,
                 f"INSERT INTO workspaces ({self._WS_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608 - constant names; values are bound
@@ -534,10 +553,19 @@ class SqlStore:
             (v.id, v.workspace_id, v.manifest, v.created_at, v.files, v.bytes),
         )
 
-    async def add_version(self, v: VersionRecord) -> None:
-        """Record a ready version and make it the workspace's current one (one transaction)."""
+    async def add_version(self, v: VersionRecord, *, capture_id: str | None = None) -> None:
+        """Record a ready version and make it the workspace's current one (one transaction).
+
+        Args:
+            v: The version.
+            capture_id: The capture that wrote its blobs: ended in the same
+                transaction, and the version is refused (``failed``) when the
+                capture expired (the collector may have taken its blobs).
+        """
 
         def run(cur: Any) -> None:
+            if capture_id is not None:
+                self._finish_capture(cur, capture_id)
             self._insert_version(cur, v)
             self._exec(
                 cur,
@@ -632,15 +660,32 @@ class SqlStore:
 
         return await self._tx(run)
 
-    async def blob_roots(self) -> tuple[set[str], set[str]]:
+    async def blob_roots(self, *, skew_s: float = 0.0) -> tuple[set[str], set[str], float | None]:
         """What keeps blobs alive, read in one transaction (the collector's mark roots).
 
+        The captures are read **first**: PostgreSQL's read-committed
+        statements each see their own snapshot, and a capture ends only in
+        (or after) the transaction that commits what references its blobs.
+        So a capture not seen live here had committed its rows before the
+        reads below, which then see them.
+
+        Args:
+            skew_s: A capture counts as live until this long after its
+                expiry (the replicas' clocks may differ this much).
+
         Returns:
-            The manifest digest of every version of every workspace, and
-            every digest a handle's archived output names.
+            The manifest digest of every version of every workspace, every
+            digest a handle's archived output names, and the start of the
+            oldest live capture (None when there is none).
         """
 
-        def run(cur: Any) -> tuple[set[str], set[str]]:
+        def run(cur: Any) -> tuple[set[str], set[str], float | None]:
+            row = self._exec(
+                cur,
+                "SELECT MIN(started_at) FROM captures WHERE expires_at >= ?",
+                (time.time() - skew_s,),
+            ).fetchone()
+            oldest = None if row is None or row[0] is None else float(row[0])
             rows = self._exec(cur, "SELECT manifest FROM versions").fetchall()
             manifests = {str(r[0]) for r in rows}
             archives: set[str] = set()
@@ -652,9 +697,85 @@ class SqlStore:
                     archives.update(
                         str(v[1]) for v in archive.values() if isinstance(v, list) and len(v) == 2
                     )
-            return manifests, archives
+            return manifests, archives, oldest
 
         return await self._tx(run, write=False)
+
+    # -- captures -----------------------------------------------------------------
+
+    async def begin_capture(self, capture_id: str, holder: str, ttl_s: float) -> float:
+        """Register an in-flight blob writer before its first ``put``; return its start time.
+
+        The row protects every blob written after its start from the
+        collector until it ends or expires (``ttl_s`` unless renewed with
+        :meth:`renew_captures`): a crashed writer stops protecting.
+        """
+
+        def run(cur: Any) -> float:
+            now = time.time()
+            self._exec(
+                cur,
+                "INSERT INTO captures (id, holder, started_at, expires_at) VALUES (?, ?, ?, ?)",
+                (capture_id, holder, now, now + ttl_s),
+            )
+            return now
+
+        return await self._tx(run)
+
+    async def renew_captures(self, holder: str, ttl_s: float) -> int:
+        """Extend every unexpired capture of ``holder``; return how many.
+
+        An expired one is never revived: the collector may already have
+        ignored it, so its writer must fail rather than commit.
+        """
+
+        def run(cur: Any) -> int:
+            now = time.time()
+            cur = self._exec(
+                cur,
+                "UPDATE captures SET expires_at = ? WHERE holder = ? AND expires_at >= ?",
+                (now + ttl_s, holder, now),
+            )
+            return int(cur.rowcount)
+
+        return await self._tx(run)
+
+    def _finish_capture(self, cur: Any, capture_id: str) -> None:
+        cur = self._exec(
+            cur,
+            "DELETE FROM captures WHERE id = ? AND expires_at >= ?",
+            (capture_id, time.time()),
+        )
+        if not cur.rowcount:
+            raise ServiceError(
+                "the capture's registration expired before its commit (its blobs may be gone)",
+                code="failed",
+            )
+
+    async def end_capture(self, capture_id: str, *, check: bool = False) -> None:
+        """Drop a capture's row (abort, or the end of a writer that committed in steps).
+
+        Args:
+            capture_id: The capture.
+            check: Raise ``failed`` when it had expired (what it wrote may be gone).
+        """
+
+        def run(cur: Any) -> None:
+            if check:
+                self._finish_capture(cur, capture_id)
+            else:
+                self._exec(cur, "DELETE FROM captures WHERE id = ?", (capture_id,))
+
+        await self._tx(run)
+
+    async def drop_expired_captures(self, before: float) -> int:
+        """Delete capture rows that expired before ``before`` (housekeeping); return how many."""
+
+        def run(cur: Any) -> int:
+            cur = self._exec(cur, "DELETE FROM captures WHERE expires_at < ?", (before,))
+            return int(cur.rowcount)
+
+        return await self._tx(run)
 
     # -- leases -------------------------------------------------------------------
 
@@ -856,10 +977,30 @@ class SqlStore:
 
         return await self._tx(run, write=False)
 
-    async def update_handle_info(self, handle_id: str, info: dict[str, Any]) -> None:
-        """Record what is now known of a handle's process."""
+    async def update_handle_info(
+        self, handle_id: str, info: dict[str, Any], *, capture_id: str | None = None
+    ) -> None:
+        """Record what is now known of a handle's process.
+
+        Args:
+            handle_id: The handle.
+            info: Its info (with an ``archive`` naming blobs, at a stop).
+            capture_id: The capture that wrote those blobs: refused
+                (``failed``) when it expired; it stays registered.
+        """
 
         def run(cur: Any) -> None:
+            if (
+                capture_id is not None
+                and not self._exec(
+                    cur,
+                    "SELECT 1 FROM captures WHERE id = ? AND expires_at >= ?",
+                    (capture_id, time.time()),
+                ).fetchone()
+            ):
+                raise ServiceError(
+                    "the capture's registration expired before its commit", code="failed"
+                )
             self._exec(
                 cur, "UPDATE handles SET info = ? WHERE id = ?", (json.dumps(info), handle_id)
             )

@@ -200,9 +200,16 @@ async def capture(
         assert shell is not None
         targets = await read_links(shell, [p for p, _m in links])
         for path, mode in links:
-            target = targets[path]
-            manifest[path] = ("symlink", mode, len(target.encode()), target)
+            # Left out by read_links: it vanished meanwhile, or the box cannot
+            # read it (a path local-sandbox protects): logged there, not fatal.
+            target = targets.get(path)
+            if target is not None:
+                manifest[path] = ("symlink", mode, len(target.encode()), target)
     return encode(manifest), files, total
+
+
+_REFUSED: Final = frozenset({"policy_denied", "permission_denied"})
+"""Operation codes by which a box refuses a path it may not hold (never an I/O failure)."""
 
 
 def _checked(manifest: Manifest) -> list[tuple[str, tuple[str, int, int, str]]]:
@@ -227,16 +234,29 @@ async def restore(
 
     Directories, then files (through ``fs``), then links, then the modes
     that differ from what the box created (through ``shell``), directories
-    deepest first.
+    deepest first. A path the box's policy refuses (``policy_denied`` or
+    ``permission_denied``: a protected path of local-sandbox) is left out
+    of this box and logged; the version keeps it.
     """
     entries = _checked(manifest)
-    for path, (kind, *_rest) in entries:
-        if kind == "dir" and path != "/":
-            await fs.mkdir(path, parents=True)
+    refused: set[str] = set()
     for path, (kind, _mode, _size, digest) in entries:
-        if kind == "file":
-            data = await anyio.to_thread.run_sync(blobs.get, digest)
-            await fs.write_file(path, data)
+        if path == "/" or kind not in ("dir", "file"):
+            continue
+        try:
+            if kind == "dir":
+                await fs.mkdir(path, parents=True)
+            else:
+                data = await anyio.to_thread.run_sync(blobs.get, digest)
+                await fs.write_file(path, data)
+        except OperationError as exc:
+            # The box's policy refuses the path (a path local-sandbox
+            # protects, say): the path is lost to this box, not the version.
+            if exc.code not in _REFUSED:
+                raise
+            refused.add(path)
+    if refused:
+        log.warning("the box refused %d paths of the version; left out", len(refused))
     links = [(path, target) for path, (kind, _m, _s, target) in entries if kind == "symlink"]
     if shell is None:
         if links:
@@ -245,7 +265,9 @@ async def restore(
     await make_links(shell, links)
     changes: list[tuple[str, int]] = []
     for path, (kind, mode, _size, _digest) in entries:
-        if kind in ("file", "dir") and (await fs.stat(path)).mode & MODE_MASK != mode:
+        if kind not in ("file", "dir") or path in refused:
+            continue
+        if (await fs.stat(path)).mode & MODE_MASK != mode:
             changes.append((path, mode))
     files = [(p, m) for p, m in changes if manifest[p][0] == "file"]
     dirs = sorted(
