@@ -21,7 +21,7 @@ import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, NoReturn
+from typing import Any, Final, NoReturn, get_args
 
 import anyio
 import attrs
@@ -31,6 +31,7 @@ from corral import ConfigError
 from corral.provider import (
     CommandRequest,
     CursorExpiredError,
+    ErrorCode,
     ExecResult,
     FileEntry,
     FileStat,
@@ -63,27 +64,9 @@ PROVIDER_ID: Final = "corral-server"
 SCHEMA_VERSION: Final = 1
 SUPPORTED_CAPABILITIES: Final = frozenset({"fs", "shell", "process"})
 _PROCESS_FIELDS: Final = frozenset(f.name for f in attrs.fields(ProcessInfo))
-_OP_CODES: Final = frozenset(
-    {
-        "not_found",
-        "exists",
-        "is_a_directory",
-        "not_a_directory",
-        "not_empty",
-        "invalid_path",
-        "invalid_argument",
-        "unsupported_file_type",
-        "too_large",
-        "permission_denied",
-        "policy_denied",
-        "not_unique",
-        "no_match",
-        "timeout",
-        "unsupported",
-        "closed",
-        "busy",
-    }
-)
+# Every library error code but the one that needs a field the API sends apart
+# (cursor_expired carries the earliest cursor; see _raise).
+_OP_CODES: Final = frozenset(get_args(ErrorCode)) - {"cursor_expired"}
 _API_CODES: Final = {
     "invalid_argument": "invalid_argument",
     "forbidden": "policy_denied",
