@@ -125,6 +125,7 @@ EXPECTED: dict[str, frozenset[str]] = {
             "ProcessManager",
             "ProcessRequest",
             "ProcessState",
+            "StatelessScriptRunner",
             "StreamChunk",
             "StreamName",
             "TerminalSize",

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import anyio
 import pytest
 
 import corral
+from corral_conformance import loopback_listener
 
 pytestmark = pytest.mark.anyio
 
@@ -49,22 +48,8 @@ async def test_writes_leave_no_file_on_the_host(run, tmp_path) -> None:
 
 
 async def test_loopback_is_unreachable(run) -> None:
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(0.1)
-    port = server.getsockname()[1]
-    accepted: list[object] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                accepted.append(server.accept())
-            except TimeoutError:
-                continue
-
-    thread = threading.Thread(target=accept)
-    thread.start()
-    try:
+    with loopback_listener() as witness:
+        port = witness.port
         probes = await run(
             f"""
             const seen = [typeof fetch, typeof XMLHttpRequest, typeof WebSocket,
@@ -74,12 +59,8 @@ async def test_loopback_is_unreachable(run) -> None:
             .then(v => {{ try {{ import('http://127.0.0.1:{port}/') }} catch {{}} return v; }})
             """
         )
-    finally:
-        stop.set()
-        thread.join()
-        server.close()
     assert json.loads(probes.result_json) == [["undefined"] * 5, []]
-    assert accepted == [], "a script reached a loopback server"
+    assert witness.accepted == 0, "a script reached a loopback server"
 
 
 async def test_no_state_survives_a_call(run) -> None:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -24,6 +22,13 @@ import pytest
 import corral
 import corral.provider
 from corral.provider import CodeInterpreter, Workspace
+from corral_conformance import (
+    loopback_listener,
+    script_allocation_bomb_scenario,
+    script_fork_bomb_scenario,
+    script_leaves_nothing_scenario,
+    script_output_cap_scenario,
+)
 from corral_local_sandbox import LocalSandboxProvider
 from corral_local_sandbox._cgroup import CGROUP_PREFIX, base_tag, find_placements
 
@@ -132,30 +137,14 @@ async def test_script_sees_no_workspace_and_no_host_files(
 async def test_script_has_no_network_even_when_the_workspace_does(
     open_script: OpenScript,
 ) -> None:
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(0.05)
-    port = server.getsockname()[1]
-    accepted: list[object] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                connection, _ = server.accept()
-            except TimeoutError:
-                continue
-            accepted.append(connection)
-            connection.close()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    attempts = {
-        "python": f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3)\n"
-        "'connected'",
-        "javascript": "new Promise((ok, no) => { const s = require('net').connect("
-        f"{port}, '127.0.0.1', () => ok('connected')); s.on('error', no) }})",
-    }
-    try:
+    with loopback_listener() as witness:
+        port = witness.port
+        attempts = {
+            "python": f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3)\n"
+            "'connected'",
+            "javascript": "new Promise((ok, no) => { const s = require('net').connect("
+            f"{port}, '127.0.0.1', () => ok('connected')); s.on('error', no) }})",
+        }
         async with open_script(network="on") as (ws, _):
             # The workspace's shell has the network here; its scripts must not.
             for lang in _langs(ws):
@@ -169,11 +158,7 @@ async def test_script_has_no_network_even_when_the_workspace_does(
                 timeout_s=10,
             )
             assert interfaces.result_json == '["lo"]', interfaces
-    finally:
-        stop.set()
-        thread.join()
-        server.close()
-    assert not accepted, "a script reached a server on the host's loopback"
+    assert not witness.accepted, "a script reached a server on the host's loopback"
 
 
 async def test_infinite_loops_end_within_the_budget(open_script: OpenScript) -> None:
@@ -190,65 +175,20 @@ async def test_infinite_loops_end_within_the_budget(open_script: OpenScript) -> 
 
 
 async def test_allocation_bomb_meets_the_memory_limit(open_script: OpenScript) -> None:
-    bombs = {
-        # Filled, so every page is really allocated (no lazy zero pages).
-        "python": "a = []\nwhile True: a.append(b'x' * (16 << 20))",
-        "javascript": "const a = []; for (;;) a.push(Buffer.alloc(16 << 20, 1))",
-    }
     async with open_script(limits={"memory_bytes": 256 * _MIB}) as (ws, _):
-        for lang in _langs(ws):
-            started = time.monotonic()
-            result = await _script(ws).run_code(lang, bombs[lang], timeout_s=30)
-            elapsed = time.monotonic() - started
-            assert result.error is not None, f"{lang}: the bomb did not fail: {result!r}"
-            assert not result.timed_out, f"{lang}: the memory limit did not stop it: {result!r}"
-            assert elapsed < 30, f"{lang}: took {elapsed:.1f} s"
-        after = await _script(ws).run_code("python", "'alive'", timeout_s=20)
-        assert after.result_json == '"alive"', after
+        await script_allocation_bomb_scenario(ws, budget_s=30)
 
 
 async def test_fork_bomb_is_bounded_and_dies_with_the_box(open_script: OpenScript) -> None:
-    bomb = (
-        "import os, time\nn = 0\ntry:\n    while n < 10000:\n        if os.fork() == 0:\n"
-        "            time.sleep(60)\n            os._exit(0)\n        n += 1\n"
-        "except OSError:\n    pass\nn"
-    )
     async with open_script(limits={"processes": 32}) as (ws, provider):
-        started = time.monotonic()
-        result = await _script(ws).run_code("python", bomb, timeout_s=20)
-        elapsed = time.monotonic() - started
-        assert result.result_json is not None, result
-        assert int(result.result_json) < 32, f"{result.result_json} processes forked"
-        assert elapsed < 20, f"the box waited for its sleeping children ({elapsed:.1f} s)"
+        await script_fork_bomb_scenario(ws, max_processes=32, budget_s=20)
         # The sleepers died with the box: no cgroup (nor any process in it) is left.
         assert _box_cgroups(ws, provider) == [], "the fork bomb's cgroup is still there"
-        shell = await _script(ws).run_code("python", "'host fine'", timeout_s=20)
-        assert shell.result_json == '"host fine"', shell
 
 
 async def test_nothing_persists_between_calls(open_script: OpenScript) -> None:
-    writes = {
-        "python": "import os\nfor d in ('.', '/tmp', os.path.expanduser('~'), '/dev/shm'):\n"
-        "    open(os.path.join(d, 'left.txt'), 'w').write('x')\n'written'",
-        "javascript": "const fs = require('fs'); const os = require('os');"
-        "for (const d of ['.', '/tmp', os.homedir(), '/dev/shm']) "
-        "fs.writeFileSync(d + '/left.txt', 'x'); 'written'",
-    }
-    reads = {
-        "python": "import os\n[os.path.exists(os.path.join(d, 'left.txt')) "
-        "for d in ('.', '/tmp', os.path.expanduser('~'), '/dev/shm')]",
-        "javascript": "const fs = require('fs'); const os = require('os');"
-        "['.', '/tmp', os.homedir(), '/dev/shm'].map(d => fs.existsSync(d + '/left.txt'))",
-    }
     async with open_script() as (ws, _):
-        assert ws.fs is not None
-        for lang in _langs(ws):
-            first = await _script(ws).run_code(lang, writes[lang], timeout_s=20)
-            assert first.result_json == '"written"', f"{lang}: {first!r}"
-            second = await _script(ws).run_code(lang, reads[lang], timeout_s=20)
-            assert second.result_json is not None, f"{lang}: {second!r}"
-            assert json.loads(second.result_json) == [False] * 4, f"{lang}: {second.result_json}"
-        assert [e.name for e in await ws.fs.ls("/")] == [], "a script wrote into the workspace"
+        await script_leaves_nothing_scenario(ws)
 
 
 async def test_closed_workspace_refuses_scripts(open_script: OpenScript) -> None:
@@ -260,10 +200,5 @@ async def test_closed_workspace_refuses_scripts(open_script: OpenScript) -> None
 
 
 async def test_output_is_capped_and_the_result_still_arrives(open_script: OpenScript) -> None:
-    flood = "import sys\nsys.stdout.write('o' * (3 << 20))\nsys.stderr.write('e' * (3 << 20))\n42"
     async with open_script() as (ws, _):
-        result = await _script(ws).run_code("python", flood, timeout_s=30)
-        assert result.result_json == "42", result.error
-        assert result.stdout_truncated, "3 MiB of stdout was not flagged as cut"
-        assert result.stderr_truncated, "3 MiB of stderr was not flagged as cut"
-        assert len(result.stdout.encode()) < (1 << 20) + 1024
+        await script_output_cap_scenario(ws)

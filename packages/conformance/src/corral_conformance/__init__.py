@@ -20,11 +20,18 @@ if TYPE_CHECKING:
     from ._check import SUITE_PATH, check_kind, check_provider, run_suite
     from ._fixtures import ProviderFixtures
     from ._harness import Harness, dump_tree
+    from ._loopback import LoopbackListener, loopback_listener
     from ._model import FsModel, ModelError
     from ._reference import ReferenceProvider
     from ._report import ConformanceReport, ResultCollector, RuleResult
     from ._rules import RULES, Rule, define, rule
     from ._scenarios import DEEP_TREE_BUILD, deep_tree_scenario, heredoc_bypass_is_refused
+    from ._script_scenarios import (
+        script_allocation_bomb_scenario,
+        script_fork_bomb_scenario,
+        script_leaves_nothing_scenario,
+        script_output_cap_scenario,
+    )
     from ._suites import (
         AbstractCodeTests,
         AbstractFsTests,
@@ -57,6 +64,7 @@ __all__ = [
     "ConformanceReport",
     "FsModel",
     "Harness",
+    "LoopbackListener",
     "ModelError",
     "ProviderFixtures",
     "ReferenceProvider",
@@ -70,8 +78,13 @@ __all__ = [
     "define",
     "dump_tree",
     "heredoc_bypass_is_refused",
+    "loopback_listener",
     "rule",
     "run_suite",
+    "script_allocation_bomb_scenario",
+    "script_fork_bomb_scenario",
+    "script_leaves_nothing_scenario",
+    "script_output_cap_scenario",
 ]
 
 # Importing the package must stay cheap: the corral CLI loads its plugin module
@@ -80,6 +93,10 @@ _LAZY = {
     "DEEP_TREE_BUILD": "._scenarios",
     "deep_tree_scenario": "._scenarios",
     "heredoc_bypass_is_refused": "._scenarios",
+    "script_allocation_bomb_scenario": "._script_scenarios",
+    "script_fork_bomb_scenario": "._script_scenarios",
+    "script_leaves_nothing_scenario": "._script_scenarios",
+    "script_output_cap_scenario": "._script_scenarios",
     "SUITE_PATH": "._check",
     "check_kind": "._check",
     "check_provider": "._check",
@@ -87,6 +104,8 @@ _LAZY = {
     "ProviderFixtures": "._fixtures",
     "Harness": "._harness",
     "dump_tree": "._harness",
+    "LoopbackListener": "._loopback",
+    "loopback_listener": "._loopback",
     "FsModel": "._model",
     "ModelError": "._model",
     "ReferenceProvider": "._reference",

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import secrets
-import socket
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +25,7 @@ from corral import ExecResult, OperationError
 from corral.provider import CodeInterpreter
 
 from ._harness import Harness
+from ._loopback import loopback_listener
 from ._rules import define, rule
 
 __all__ = ["AbstractScriptTests"]
@@ -243,54 +242,36 @@ class AbstractScriptTests:
         """A loopback server sees no connection from any network API."""
         h = conformance
         h.require("script")
-        server = socket.create_server(("127.0.0.1", 0))
-        server.settimeout(0.05)
-        port = server.getsockname()[1]
-        accepted: list[object] = []
-        stop = threading.Event()
-
-        def accept() -> None:
-            while not stop.is_set():
-                try:
-                    connection, _ = server.accept()
-                except TimeoutError:
-                    continue
-                accepted.append(connection)
-                connection.close()
-
-        thread = threading.Thread(target=accept, daemon=True)
-        thread.start()
-        url = f"http://127.0.0.1:{port}/"
-        attempts = {
-            _JS: [
-                f"(async () => {{ await {code} }})()"
-                for code in (
-                    f"fetch({json.dumps(url)})",
-                    f"import({json.dumps(url)})",
-                    f"new Promise(r => require('net').connect({port}, '127.0.0.1', r))",
-                    f"new Promise(r => {{ const x = new XMLHttpRequest(); x.open('GET', "
-                    f"{json.dumps(url)}); x.onload = r; x.send(); }})",
-                )
-            ],
-            _PY: [
-                f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3)",
-                f"import urllib.request\nurllib.request.urlopen({json.dumps(url)}, timeout=3)",
-                f"import socket\ns = socket.socket(socket.AF_INET6)\n"
-                f"s.settimeout(3)\ns.connect(('::ffff:127.0.0.1', {port}))",
-            ],
-        }
-        try:
+        with loopback_listener() as witness:
+            port = witness.port
+            url = f"http://127.0.0.1:{port}/"
+            attempts = {
+                _JS: [
+                    f"(async () => {{ await {code} }})()"
+                    for code in (
+                        f"fetch({json.dumps(url)})",
+                        f"import({json.dumps(url)})",
+                        f"new Promise(r => require('net').connect({port}, '127.0.0.1', r))",
+                        f"new Promise(r => {{ const x = new XMLHttpRequest(); x.open('GET', "
+                        f"{json.dumps(url)}); x.onload = r; x.send(); }})",
+                    )
+                ],
+                _PY: [
+                    f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=3)",
+                    f"import urllib.request\nurllib.request.urlopen({json.dumps(url)}, timeout=3)",
+                    f"import socket\ns = socket.socket(socket.AF_INET6)\n"
+                    f"s.settimeout(3)\ns.connect(('::ffff:127.0.0.1', {port}))",
+                ],
+            }
             async with h.session("script") as opened:
                 script = _runner(opened)
                 for lang in _languages(h, script):
                     for code in attempts[lang]:
                         await _run(h, script, code, timeout_s=5, lang=lang)
                 await anyio.sleep(0.2)  # a connection in flight reaches accept()
-        finally:
-            stop.set()
-            thread.join()
-            server.close()
-        assert not accepted, f"a script connected to loopback ({len(accepted)} connections)"
+        assert not witness.accepted, (
+            f"a script connected to loopback ({witness.accepted} connections)"
+        )
 
     @rule(LOOP_BUDGET)
     @pytest.mark.anyio

@@ -22,7 +22,8 @@ workspace path normalisation and globbing, binary sniffing, the
 ``edit_file`` rule (:func:`apply_edit`), the grep fast path
 (:class:`Matcher`, :func:`bytes_searcher`), progress reporting for long
 operations, and the one default file-size cap. Decorators of a module
-subclass :class:`ForwardingFileSystem` / :class:`ForwardingShell`.
+subclass :class:`ForwardingFileSystem` / :class:`ForwardingShell`; a
+``script`` module subclasses :class:`StatelessScriptRunner` (one set of checks).
 
 Prove a provider with ``corral conformance KIND`` (corral-conformance).
 Names that an agent builder also uses (refs, errors, results) are the very
@@ -105,6 +106,7 @@ from ._protocols import (
 )
 from ._refs import check_ref, check_ref_schema_version, structure_payload, unstructure_payload
 from ._regex import Matcher, bytes_searcher
+from ._script_runner import StatelessScriptRunner
 from ._workspace import ModularWorkspace, workspace_closed
 from .hookspecs import hookimpl
 
@@ -152,6 +154,7 @@ __all__ = [
     "Shell",
     "SnapshotInfo",
     "Snapshotter",
+    "StatelessScriptRunner",
     "StreamChunk",
     "StreamName",
     "TerminalSize",

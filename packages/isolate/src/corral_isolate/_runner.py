@@ -8,7 +8,7 @@ from typing import Final
 import anyio
 import attrs
 
-from corral.provider import ExecError, ExecResult, OperationError, workspace_closed
+from corral.provider import ExecError, ExecResult, StatelessScriptRunner
 
 from ._engine import EnginePool, GuestRun, Ticket
 from ._prelude import parse_frames, wrap
@@ -67,7 +67,7 @@ def _cap_text(text: str, cap: int, overflowed: bool) -> tuple[str, bool]:
     return kept + _NOTE, True
 
 
-class ScriptRunner:
+class ScriptRunner(StatelessScriptRunner):
     """Runs JavaScript in a WebAssembly isolate: QuickJS-NG under wasmtime.
 
     A script is evaluated as global code by a fresh engine instance. Its
@@ -88,39 +88,12 @@ class ScriptRunner:
     """
 
     def __init__(self, pool: EnginePool, limits: ScriptLimits) -> None:
+        super().__init__(LANGUAGES, max_timeout_s=limits.max_timeout_s)
         self._pool = pool
         self._limits = limits
-        self._closed = False
 
-    @property
-    def languages(self) -> frozenset[str]:
-        """``javascript``."""
-        return LANGUAGES
-
-    def close(self) -> None:
-        """Refuse every later call (the workspace closed)."""
-        self._closed = True
-
-    async def run_code(self, language: str, code: str, *, timeout_s: float) -> ExecResult:
-        """Run ``code`` in a new isolate and report its output, result or error.
-
-        Raises:
-            OperationError: ``invalid_argument`` for a language this runner
-                lacks (the message lists the available ones) or a timeout
-                that is not a positive number; ``closed`` after close.
-        """
-        if self._closed:
-            raise workspace_closed()
-        if language not in LANGUAGES:
-            shown = repr(language) if len(language) <= 32 and language.isprintable() else "this"
-            raise OperationError(
-                f"language {shown} is not available in the isolate "
-                f"(available: {', '.join(sorted(LANGUAGES))})",
-                code="invalid_argument",
-            )
-        if isinstance(timeout_s, bool) or not 0 < timeout_s < math.inf:
-            raise OperationError("timeout_s must be a positive number", code="invalid_argument")
-        timeout = min(timeout_s, self._limits.max_timeout_s)
+    async def _run_script(self, language: str, code: str, timeout_s: float) -> ExecResult:
+        """Run ``code`` in a new isolate (checks and the timeout's ceiling: the base)."""
         limits = self._limits
         argv = [
             "qjs",
@@ -146,7 +119,7 @@ class ScriptRunner:
 
         async def watchdog() -> None:
             try:
-                await anyio.sleep(timeout)
+                await anyio.sleep(timeout_s)
             except anyio.get_cancelled_exc_class():
                 # The run finished (a no-op then) or the caller gave up: stop it.
                 ticket.interrupt(timeout=False)
@@ -160,30 +133,6 @@ class ScriptRunner:
             finally:
                 tg.cancel_scope.cancel()
         return self._result(guest, ticket)
-
-    async def create_context(self, language: str) -> str:
-        """Refused: scripts are stateless by design (use the ``code`` capability).
-
-        Raises:
-            OperationError: Always, with code ``unsupported``.
-        """
-        raise _no_contexts()
-
-    async def run_in_context(self, context_id: str, code: str, *, timeout_s: float) -> ExecResult:
-        """Refused: there are no contexts.
-
-        Raises:
-            OperationError: Always, with code ``unsupported``.
-        """
-        raise _no_contexts()
-
-    async def delete_context(self, context_id: str) -> None:
-        """Refused: there are no contexts.
-
-        Raises:
-            OperationError: Always, with code ``unsupported``.
-        """
-        raise _no_contexts()
 
     def _result(self, guest: GuestRun, ticket: Ticket) -> ExecResult:
         cap = self._limits.max_output_bytes
@@ -216,12 +165,6 @@ class ScriptRunner:
         return attrs.evolve(
             base, exit_code=1, error=ExecError(name, message, f"{name}: {message}\n")
         )
-
-
-def _no_contexts() -> OperationError:
-    return OperationError(
-        "the isolate's script runner is stateless: it has no code contexts", code="unsupported"
-    )
 
 
 def _guest_failure(guest: GuestRun) -> tuple[str, str]:

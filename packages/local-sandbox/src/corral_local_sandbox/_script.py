@@ -18,29 +18,22 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import math
 import os
 import secrets
 import shutil
 import socket
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Final
 
 import anyio
 import anyio.to_thread
 import attrs
 
-from corral.provider import (
-    CommandRequest,
-    ExecError,
-    ExecResult,
-    OperationError,
-    WorkspaceFailedError,
-    workspace_closed,
-)
+from corral.provider import CommandRequest, OperationError, WorkspaceFailedError
 from corral_posix import ProcessLimits, SubprocessShell, WrapContext, WrappedCommand
 from corral_posix._env import base_environment
-from corral_posix._scriptdriver import LANGUAGE_PROGRAMS, find_frame, make_program
+from corral_posix._scriptbox import BoxRun, BoxScriptRunner, frame_cap
+from corral_posix._scriptdriver import LANGUAGE_PROGRAMS, find_frame
 
 from ._bwrap import BwrapWrapper, sandbox_env
 from ._cgroup import (
@@ -59,9 +52,6 @@ from ._policy import NetworkPolicy, SandboxPolicy
 __all__ = ["SandboxScriptRunner", "build_script_runner", "script_languages"]
 
 _FIRST_CHANNEL_FD: Final = 10
-_FRAME_SLACK: Final = 64 * 1024
-_FRAME_GROWTH: Final = 7
-"""A frame is at most this many times the result's bytes (JSON escapes of JSON text)."""
 _MIB: Final = 1 << 20
 
 
@@ -91,15 +81,12 @@ class _Channel:
         return attrs.evolve(wrapped, pass_fds=(*wrapped.pass_fds, self.fd))
 
 
-class SandboxScriptRunner:
+class SandboxScriptRunner(BoxScriptRunner):
     """Runs each script in a fresh bubblewrap box that sees nothing of the workspace.
 
-    Results follow :mod:`corral_posix._scriptdriver` (the isolate's
-    contract: stdout/stderr as written, the last expression's value as
-    JSON, uncaught errors with name, value and traceback; a timeout is
-    ``timed_out`` with exit code None). A box the kernel killed for memory
-    reports a ``MemoryError``; one killed otherwise a ``Killed`` error with
-    its signal. Every result has ``state="fresh"``.
+    Results are :class:`~corral_posix._scriptbox.BoxScriptRunner`'s; the
+    box's own cgroup tells a ``MemoryError`` (the kernel killed it for
+    memory) from another kill.
 
     Args:
         wrapper: The workspace's bubblewrap launch (seccomp, rlimit shim).
@@ -131,6 +118,14 @@ class SandboxScriptRunner:
         max_output_bytes: int = _MIB,
         max_timeout_s: float = 60.0,
     ) -> None:
+        super().__init__(
+            languages,
+            box="bubblewrap, no workspace, no network, own cgroup",
+            missing="none: no interpreter was found in the box",
+            max_output_bytes=max_output_bytes,
+            max_timeout_s=max_timeout_s,
+            memory_bytes=policy.limits.memory_bytes,
+        )
         # Network off whatever the workspace allows; the rest is the workspace's.
         box_policy = attrs.evolve(policy, network=NetworkPolicy.coerce("off"))
         self._wrapper = attrs.evolve(
@@ -141,52 +136,18 @@ class SandboxScriptRunner:
         self._root = empty_root
         self._state_dir = state_dir
         self._tag = base_tag(base_dir)
-        self._languages = languages
         self._limits = limits
         self._base_env = dict(base_env or {})
-        self._cap = max_output_bytes
-        self._max_timeout = max_timeout_s
-        self._closed = False
 
-    @property
-    def languages(self) -> frozenset[str]:
-        """``python`` and ``javascript``, for those whose interpreter the box has."""
-        return self._languages
-
-    def details(self) -> dict[str, Any]:
-        """Facts for ``describe()``."""
-        return {
-            "script_languages": sorted(self._languages),
-            "script_box": "bubblewrap, no workspace, no network, own cgroup",
-            "script_max_timeout_s": self._max_timeout,
-            "script_max_output_bytes": self._cap,
-        }
-
-    def close(self) -> None:
-        """Refuse every later call (the workspace closed)."""
-        self._closed = True
-
-    async def run_code(self, language: str, code: str, *, timeout_s: float) -> ExecResult:
-        """Run ``code`` in a new box and report its output, result or error.
-
-        Raises:
-            OperationError: ``invalid_argument`` for a language the box lacks
-                (the message lists the available ones) or a bad timeout;
-                ``closed`` after the workspace closed.
-        """
-        if self._closed:
-            raise workspace_closed()
-        _check_language(language, self._languages)
-        if isinstance(timeout_s, bool) or not 0 < timeout_s < math.inf:
-            raise OperationError("timeout_s must be a positive number", code="invalid_argument")
-        timeout = min(float(timeout_s), self._max_timeout)
+    async def _run_box(self, language: str, code: str, timeout_s: float) -> BoxRun:
+        """One box: the driver on stdin, its frame on a socket passed in at a fixed fd."""
         cgroup = await anyio.to_thread.run_sync(self._new_cgroup)
         ours, theirs = socket.socketpair()
         channel = -1
         try:
             channel = _channel_fd(theirs)
             theirs.close()
-            program = make_program(language, code, channel_fd=channel, result_cap=self._cap)
+            program = self._program(language, code, channel_fd=channel)
             wrapper = _Channel(
                 attrs.evolve(self._wrapper, cgroup_procs=cgroup.procs_files if cgroup else ()),
                 channel,
@@ -197,12 +158,12 @@ class SandboxScriptRunner:
             request = CommandRequest(
                 command=" ".join(program.argv),
                 stdin=program.stdin,
-                timeout_s=timeout,
+                timeout_s=timeout_s,
                 max_output_bytes=self._cap,
             )
             frame_bytes = bytearray()
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_drain, ours, frame_bytes, _FRAME_GROWTH * self._cap + _FRAME_SLACK)
+                tg.start_soon(_drain, ours, frame_bytes, frame_cap(self._cap))
                 try:
                     result = await shell.run(request)
                 finally:
@@ -218,31 +179,7 @@ class SandboxScriptRunner:
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(self._drop_cgroup, cgroup)
         frame, _ = find_frame(bytes(frame_bytes), program.marker)
-        return _finish(result, frame, oom=oom, memory=self._policy.limits.memory_bytes)
-
-    async def create_context(self, language: str) -> str:
-        """Refused: scripts are stateless (use the ``code`` capability).
-
-        Raises:
-            OperationError: Always, with code ``unsupported``.
-        """
-        raise _no_contexts()
-
-    async def run_in_context(self, context_id: str, code: str, *, timeout_s: float) -> ExecResult:
-        """Refused: there are no contexts.
-
-        Raises:
-            OperationError: Always, with code ``unsupported``.
-        """
-        raise _no_contexts()
-
-    async def delete_context(self, context_id: str) -> None:
-        """Refused: there are no contexts.
-
-        Raises:
-            OperationError: Always, with code ``unsupported``.
-        """
-        raise _no_contexts()
+        return BoxRun(result, frame, oom=oom)
 
     # -- the box's cgroup (blocking) -------------------------------------------------
 
@@ -325,53 +262,6 @@ def _oom_killed(cgroup: WorkspaceCgroup) -> bool:
                     if key == "oom_kill" and value.strip().isdigit() and int(value) > 0:
                         return True
     return False
-
-
-def _check_language(language: str, languages: frozenset[str]) -> None:
-    if language in languages:
-        return
-    shown = repr(language) if len(language) <= 32 and language.isprintable() else "this language"
-    available = ", ".join(sorted(languages)) or "none: no interpreter was found in the box"
-    raise OperationError(
-        f"script language {shown} is not available (available: {available})",
-        code="invalid_argument",
-    )
-
-
-def _no_contexts() -> OperationError:
-    return OperationError(
-        "the script runner is stateless: it has no code contexts (use the code capability)",
-        code="unsupported",
-    )
-
-
-def _finish(result: ExecResult, frame: Any, *, oom: bool, memory: int | None) -> ExecResult:
-    """The shell's view of the box plus the driver's frame, as a script result."""
-    base = attrs.evolve(result, state="fresh")
-    if result.timed_out:
-        return attrs.evolve(base, exit_code=None)
-    if frame is not None and not oom:
-        return attrs.evolve(
-            base,
-            exit_code=0 if frame.error is None else 1,
-            result_json=frame.result_json,
-            error=frame.error,
-        )
-    if oom:
-        limit = f" of {memory} bytes" if memory else ""
-        message = f"the script ran out of memory (the box's limit{limit}); the kernel killed it"
-        return attrs.evolve(
-            base, error=ExecError("MemoryError", message, f"MemoryError: {message}\n")
-        )
-    if result.signal is not None:
-        message = f"the script's interpreter was killed by signal {result.signal}"
-        return attrs.evolve(base, error=ExecError("Killed", message, f"Killed: {message}\n"))
-    message = f"the interpreter exited with status {result.exit_code} before the script finished"
-    return attrs.evolve(
-        base,
-        exit_code=1 if result.exit_code in (0, None) else result.exit_code,
-        error=ExecError("InterpreterError", message, f"InterpreterError: {message}\n"),
-    )
 
 
 def build_script_runner(
