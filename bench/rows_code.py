@@ -3,7 +3,8 @@
 ``1+1`` in a warm context vs the same cell through a started ipykernel's
 client; creating (and deleting) a context vs starting a kernel and waiting
 until it is idle (then shutting it down); and the resident memory of one
-idle context next to an idle kernel's.
+idle context next to an idle kernel's, on each provider with a code module
+(docker: in the code image, corral-python:bookworm).
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ from typing import Any
 import corral
 
 from _harness import BenchSkip, Ctx, Goal, Row, run_pair, skip_reason
+from _providers import precheck
 
 CELL = "1+1"
-PROVIDERS = ("local-bash", "local-sandbox")
+PROVIDERS = ("local-bash", "local-sandbox", "docker")
+# The issue's goals for a warm cell: half a kernel's round trip locally, one
+# kernel's on docker (its channel is an attached exec stream through the daemon).
+RUN_GOALS = {"local-bash": 0.5, "local-sandbox": 0.5, "docker": 1.0}
 
 
 def _row(
@@ -100,20 +105,41 @@ def _module(code: Any, provider: str) -> Any:
     return code
 
 
+def _options(provider: str, ctx: Ctx) -> dict[str, Any]:
+    """Docker runs the contexts in the code image (python3 in the container)."""
+    if provider != "docker":
+        return {}
+    from corral_docker._options import code_image
+
+    why = precheck("docker")
+    if why is not None:
+        raise BenchSkip(why)
+    return {"image": code_image(), "pull": False, "tmpdir_root": str(ctx.tmp)}
+
+
 def _check(first: Any) -> None:
     if first.result_json != "2":
         raise RuntimeError(f"1+1 gave {first.result_json!r}")
 
 
 async def _provider_rows(ctx: Ctx, provider: str, kernel: _Kernel) -> list[Row]:
-    run = _row("run", provider, 'code "1+1" warm', "run_in_context", "ipykernel execute", 0.5)
+    run = _row(
+        "run",
+        provider,
+        'code "1+1" warm',
+        "run_in_context",
+        "ipykernel execute",
+        RUN_GOALS[provider],
+    )
     create = _row(
         "create", provider, "code context start", "create+delete", "kernel start-to-idle", 1.0
     )
     memory = _row("memory", provider, "code idle context RSS", "one context", "one ipykernel", None)
     rows = [run, create, memory]
     try:
-        async with corral.open_workspace(provider, {"code": {"is_stateful": True}}) as ws:
+        async with corral.open_workspace(
+            provider, {"code": {"is_stateful": True}}, provider_options=_options(provider, ctx)
+        ) as ws:
             code = _module((await ws.workspace()).code, provider)
             warm = await code.create_context("python")
             _check(await code.run_in_context(warm, CELL, timeout_s=10))
@@ -169,7 +195,12 @@ async def code_rows(ctx: Ctx) -> list[Row]:
 def _skipped(provider: str, reason: str) -> list[Row]:
     made: list[Callable[[], Row]] = [
         lambda: _row(
-            "run", provider, 'code "1+1" warm', "run_in_context", "ipykernel execute", 0.5
+            "run",
+            provider,
+            'code "1+1" warm',
+            "run_in_context",
+            "ipykernel execute",
+            RUN_GOALS[provider],
         ),
         lambda: _row(
             "create", provider, "code context start", "create+delete", "kernel start-to-idle", 1.0
