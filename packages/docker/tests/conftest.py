@@ -7,15 +7,18 @@ import pathlib
 import shutil
 import socket
 import subprocess
+import urllib.parse
 from collections.abc import Callable
 
 import pytest
 
 from corral_docker import FakeDockerEngine
+from corral_docker._options import code_image
 
 TEST_IMAGE = os.environ.get("CORRAL_DOCKER_IMAGE", "corral-test:latest")
 SETUP_SCRIPT = pathlib.Path(__file__).parents[1] / "scripts" / "ci-setup.sh"
-SSH_URL = os.environ.get("CORRAL_DOCKER_SSH_URL", "ssh://root@127.0.0.1:2222")
+_DEFAULT_SSH_URL = "ssh://root@127.0.0.1:2222"
+SSH_URL = os.environ.get("CORRAL_DOCKER_SSH_URL", _DEFAULT_SSH_URL)
 
 
 def _unavailable(require_var: str, what: str, reason: str) -> None:
@@ -46,9 +49,28 @@ def docker_ready() -> None:
         _unavailable("CORRAL_REQUIRE_DOCKER", "a Docker engine", problem)
 
 
+@pytest.fixture(scope="session")
+def python_image(docker_ready: None) -> str:
+    """The code image (python3, matplotlib, numpy, node) ci-setup.sh builds.
+
+    Skip (or fail under CORRAL_REQUIRE_DOCKER=1) when it is missing.
+    """
+    image = code_image()
+    present = subprocess.run(
+        ["docker", "image", "inspect", image], capture_output=True, timeout=30, check=False
+    )
+    if present.returncode != 0:
+        reason = f"image {image} missing (run packages/docker/scripts/ci-setup.sh)"
+        _unavailable("CORRAL_REQUIRE_DOCKER", f"the code image {image}", reason)
+    return image
+
+
 def _ssh_works() -> bool:
+    # Probe the endpoint the tests will use (CORRAL_DOCKER_SSH_URL), not a fixed one.
+    url = urllib.parse.urlsplit(SSH_URL)
+    host, port = url.hostname or "127.0.0.1", url.port or 22
     try:
-        with socket.create_connection(("127.0.0.1", 2222), timeout=2):
+        with socket.create_connection((host, port), timeout=2):
             pass
     except OSError:
         return False
@@ -59,7 +81,9 @@ def _ssh_works() -> bool:
             "BatchMode=yes",
             "-o",
             "ConnectTimeout=5",
-            "root@127.0.0.1",
+            "-p",
+            str(port),
+            f"{url.username}@{host}" if url.username else host,
             "docker",
             "info",
         ],
@@ -73,7 +97,8 @@ def _ssh_works() -> bool:
 @pytest.fixture(scope="session")
 def ssh_ready(docker_ready: None) -> str:
     """An ``ssh://`` Docker URL; starts sshd with the CI script's logic when needed."""
-    if not _ssh_works() and os.geteuid() == 0 and shutil.which("sshd") is not None:
+    default = SSH_URL == _DEFAULT_SSH_URL  # the CI script starts only that one
+    if default and not _ssh_works() and os.geteuid() == 0 and shutil.which("sshd") is not None:
         subprocess.run(
             ["sh", str(SETUP_SCRIPT), "--ssh"], capture_output=True, timeout=300, check=False
         )
@@ -81,7 +106,7 @@ def ssh_ready(docker_ready: None) -> str:
         _unavailable(
             "CORRAL_REQUIRE_SSH",
             "an ssh endpoint for the Docker engine",
-            "ssh root@127.0.0.1:2222 does not reach a Docker engine (ci-setup.sh --ssh)",
+            f"{SSH_URL} does not reach a Docker engine (ci-setup.sh --ssh starts the default)",
         )
     return SSH_URL
 

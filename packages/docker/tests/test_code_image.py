@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import pytest
 
 import corral
@@ -33,17 +30,8 @@ def test_code_image_names_the_built_image(monkeypatch: pytest.MonkeyPatch) -> No
 
 @pytest.mark.anyio
 @pytest.mark.docker
-async def test_python_matplotlib_and_node_run_hardened(docker_ready: None, tmp_root: str) -> None:
-    image = code_image()
-    present = subprocess.run(
-        ["docker", "image", "inspect", image], capture_output=True, timeout=30, check=False
-    )
-    if present.returncode != 0:
-        reason = f"image {image} missing (run packages/docker/scripts/ci-setup.sh)"
-        if os.environ.get("CORRAL_REQUIRE_DOCKER") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    provider = DockerProvider(image=image, pull=False, tmpdir_root=tmp_root)
+async def test_python_matplotlib_and_node_run_hardened(python_image: str, tmp_root: str) -> None:
+    provider = DockerProvider(image=python_image, pull=False, tmpdir_root=tmp_root)
     opened = await provider.open(corral.ProviderConfig("docker"), corral.SessionRef("code"))
     try:
         shell = opened.workspace.shell

@@ -123,6 +123,6 @@ def test_api_errors_by_status(status: int, transient: bool) -> None:
 def test_plugin_registers_provider_and_command() -> None:
     plugins = corral.load_plugins()
     spec = plugins.provider("docker")
-    assert spec.capabilities == {"fs", "shell", "process", "snapshot"}
+    assert spec.capabilities == {"fs", "shell", "process", "code", "script", "snapshot"}
     assert spec.distribution == "corral-docker"
     assert "docker" in plugins.commands

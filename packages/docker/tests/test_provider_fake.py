@@ -77,17 +77,7 @@ async def test_fs_writes_land_in_the_bind_mounted_directory(
     await ws.close()
 
 
-async def test_resolve_replaces_leftover_containers(fake: FakeDockerEngine, tmp_root: str) -> None:
-    provider = _provider(fake, tmp_root)
-    opened = await provider.open(CONFIG, corral.SessionRef("s"))
-    (old,) = fake.specs
-    ref = corral.ref_from_json(corral.ref_to_json(opened.ref))
-    again = await _provider(fake, tmp_root).resolve(ref)
-    assert list(fake.specs) != [old]
-    assert len(fake.specs) == 1
-    assert fake.called("remove")[0] == (old,)
-    await again.close()
-    assert fake.specs == {}
+# Resolve joining or replacing containers: test_container_sharing.py.
 
 
 async def test_no_daemon_fails_closed_with_advice(fake: FakeDockerEngine, tmp_root: str) -> None:

@@ -214,6 +214,23 @@ class AttachedExec:
             if chunks:
                 return chunks
 
+    def receive_blocking(self) -> list[Chunk] | None:
+        """:meth:`receive` for a thread of the caller's own: blocks, cannot be cancelled.
+
+        For readers that must never lose bytes to a cancelled wait (a code
+        context's channel): the thread reads, the event loop waits on what
+        it hands over. :meth:`aclose` from elsewhere ends it.
+        """
+        while not self._eof:
+            data = self._recv()
+            if not data:
+                self._eof = True
+                return self._finish()
+            chunks = self._parse(data)
+            if chunks:
+                return chunks
+        return None
+
     def _recv(self) -> bytes:
         try:
             return self._pipe.recv()

@@ -27,7 +27,7 @@ def corral_register_providers(register: Callable[[corral.provider.ProviderSpec],
             kind="docker",
             factory=DockerProvider,
             # The SDK engine every docker:// / ssh:// URL gets attaches exec streams.
-            capabilities=DockerProvider.capabilities | {"process"},
+            capabilities=DockerProvider.capabilities | {"process", "code", "script"},
             summary="hardened per-session Docker containers (local or ssh:// engines)",
             distribution="corral-docker",
             probe=_daemon_problem,

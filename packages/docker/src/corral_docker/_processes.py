@@ -71,8 +71,8 @@ from corral_posix._processes import (
     _update_terminal,
 )
 
-from ._attach import AttachingEngine
-from ._engine import ContainerNotFoundError, DockerEngine, EngineError
+from ._engine import DockerEngine, EngineError
+from ._execs import engine_errors, kill_marked, require_attaching
 from ._options import WORKDIR
 from ._procrecord import (
     END,
@@ -84,7 +84,6 @@ from ._procrecord import (
     make_record,
     open_logs,
 )
-from ._shell import _KILL
 
 __all__ = ["DockerProcessManager"]
 
@@ -143,10 +142,8 @@ class DockerProcessManager:
         root: str | None = None,
         gate: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        if not isinstance(engine, AttachingEngine):
-            raise TypeError("the process module needs an engine that attaches exec streams")
         self._engine = engine
-        self._attaching: AttachingEngine = engine
+        self._attaching = require_attaching(engine, "the process module")
         self._container = container
         self._checker = checker
         self._user = user
@@ -193,24 +190,19 @@ class DockerProcessManager:
                 if size is None
                 else [_TTY_ENTRY, "corral", workdir, str(size.rows), str(size.cols)]
             )
-            attached = await self._attaching.attach_exec(
-                container_id,
-                ["sh", "-c", *entry, *checked.argv],
-                env=env,
-                workdir="/",
-                user=self._user,
-                stdin=True,
-                terminal=request.terminal,
-            )
-        except BaseException as exc:
+            with engine_errors("docker exec failed"):
+                attached = await self._attaching.attach_exec(
+                    container_id,
+                    ["sh", "-c", *entry, *checked.argv],
+                    env=env,
+                    workdir="/",
+                    user=self._user,
+                    stdin=True,
+                    terminal=request.terminal,
+                )
+        except BaseException:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(abandon_record, record, record_fd, lock_fd)
-            if isinstance(exc, ContainerNotFoundError):
-                raise WorkspaceEvictedError(
-                    "docker: the workspace container is gone", provider_id="docker"
-                ) from None
-            if isinstance(exc, EngineError):
-                raise OperationError(f"docker exec failed: {exc.message}", code="failed") from None
             raise
         live = LiveProcess(pid, record, attached, marker, request)
         live.record_fd, live.lock_fd = record_fd, lock_fd
@@ -319,17 +311,7 @@ class DockerProcessManager:
         live.finished.set()
 
     async def _kill_marked(self, container_id: str, markers: Sequence[str]) -> None:
-        with anyio.move_on_after(_KILL_WAIT_S, shield=True):
-            for marker in markers:
-                with contextlib.suppress(EngineError):
-                    await self._engine.exec(
-                        container_id,
-                        ["sh", "-c", _KILL, "corral-kill", marker],
-                        env={},
-                        workdir="/",
-                        user=self._user,
-                        max_output_bytes=4096,
-                    )
+        await kill_marked(self._engine, container_id, markers, user=self._user, wait_s=_KILL_WAIT_S)
 
     # -- output ------------------------------------------------------------------
 

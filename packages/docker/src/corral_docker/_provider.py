@@ -7,8 +7,9 @@ nothing to the daemon, so the workspace is a named volume and file
 operations go through the container (:class:`~corral_docker.ContainerFileSystem`).
 
 The ref carries the workspace name, the options (image, limits, policy) and
-the engine mode, never a container id: resolve re-probes the daemon and
-replaces whatever container a crashed process left behind.
+the engine mode, never a container id: resolve re-probes the daemon, joins
+the container another open handle of the workspace uses, and replaces
+whatever container a crashed process left behind (see ``_container``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from corral_posix import (
 
 from ._archive_versions import ArchiveSnapshotter
 from ._attach import AttachingEngine
+from ._code import build_docker_code
 from ._container import PROVIDER_ID, WorkspaceContainer, engine_failure
 from ._engine import DockerEngine, EngineError, MountSpec
 from ._labels import LABEL_ROOT, LABEL_SESSION, LABEL_WORKSPACE, owner_labels
@@ -54,6 +56,7 @@ from ._ownership import OwnedFileSystem, prepare_root
 from ._pool import ContainerPool, PoolMember
 from ._processes import DockerProcessManager
 from ._remote_fs import ContainerFileSystem, init_volume
+from ._script import DockerScriptRunner, build_docker_script
 from ._shell import DockerShell
 from ._versions import CommandGate, DockerSnapshotter
 
@@ -114,7 +117,7 @@ class DockerProvider:
     capabilities: frozenset[str] = frozenset({"fs", "shell", "snapshot"})
     """What this provider can populate: ``snapshot`` on every engine (a remote
     engine's volume is versioned through the archive endpoints, see
-    :mod:`._archive_versions`); ``process`` when the engine attaches
+    :mod:`._archive_versions`); ``process`` and ``code`` when the engine attaches
     exec streams (the SDK engine does), so such an instance widens it."""
     schema_version: ClassVar[int] = _SCHEMA_VERSION
 
@@ -141,8 +144,9 @@ class DockerProvider:
         self._base_url = base_url
         self._pool_size = pool_size
         if isinstance(engine, AttachingEngine):
-            # Background processes need attached exec streams (the SDK engine has them).
-            self.capabilities = self.capabilities | {"process"}
+            # Background processes and code contexts need attached exec streams
+            # (the SDK engine has them).
+            self.capabilities = self.capabilities | {"process", "code", "script"}
         self._parts = _DockerBuilder(
             engine,
             TmpdirLayout(PROVIDER_ID, tmpdir_root),
@@ -246,6 +250,9 @@ class _DockerBuilder:
         self._defaults = defaults
         self._max_file_bytes = max_file_bytes
         self._checker_factory = checker_factory
+        # The interpreters of each image, probed once for code and script alike
+        # (see _interpreters.image_interpreters).
+        self._interpreters: dict[str, frozenset[str]] = {}
         self.pool = (
             ContainerPool(pool_size, self._make_member, self._discard_member)
             if pool_size and not engine.remote
@@ -319,11 +326,16 @@ class _DockerBuilder:
 
     async def destroy(self, payload: DockerRefPayload) -> None:
         """Remove the workspace's volume or host directory."""
-        if payload.remote:
-            # A handle resolved from the same ref replaced the container this one
-            # knew: remove every container of the workspace, or the volume stays busy.
+        # Handles of other processes may still hold a container of the workspace:
+        # it goes with the workspace (a remote volume would stay busy otherwise).
+        try:
             for box in await self.engine.list_containers({LABEL_WORKSPACE: payload.workspace}):
                 await self.engine.remove(box.id)
+        except EngineError:
+            if payload.remote:
+                raise
+            # The host directory still goes; a container left behind is gc's.
+        if payload.remote:
             await self.engine.remove_volume(_volume(payload.workspace))
             # Process records of a remote workspace live on this host.
             await anyio.to_thread.run_sync(remove_tree, self.layout.state_path(payload.workspace))
@@ -350,7 +362,8 @@ class _DockerBuilder:
                 box.adopt(adopt)
             else:
                 await self._prepare(payload, root, labels, fresh=ctx.fresh)
-                await box.replace()
+                # Resolve joins the container another open handle uses, never replaces it.
+                await (box.replace() if ctx.fresh else box.join_or_start())
             if "fs" in caps:
                 built = await self._build_fs(payload, box, root, state)
                 ctx.releases.callback(built.close)
@@ -380,6 +393,35 @@ class _DockerBuilder:
                 # Before the container goes: its processes end recorded as killed.
                 ctx.releases.push_async_callback(processes.aclose)
                 extra["process"] = processes
+            code = (
+                await build_docker_code(
+                    self.engine,
+                    box.get,
+                    user=opts.user,
+                    root=root or None,
+                    gate=gate.wait,
+                    state_dir=self.layout.state_path(name),
+                    image=opts.image,
+                    probed=self._interpreters,
+                )
+                if "code" in caps
+                else None
+            )
+            if code is not None:
+                # Before the container goes: its contexts end recorded as lost.
+                ctx.releases.push_async_callback(code.aclose)
+            script: DockerScriptRunner | None = None
+            if "script" in caps:
+                script = await build_docker_script(
+                    self.engine,
+                    box.get,
+                    opts,
+                    labels=labels,
+                    workspace=name,
+                    root=root or None,
+                    probed=self._interpreters,
+                )
+                ctx.releases.callback(script.close)
             if "snapshot" in caps:
                 snap = self._snapshotter(ctx, box, gate)
                 ctx.releases.callback(snap.close)
@@ -401,9 +443,19 @@ class _DockerBuilder:
                 "container_id": box.container_id,
                 "pooled": adopt is not None,
                 "hardening": hardening_details(opts),
+                **(code.details() if code is not None else {}),
+                **(script.details() if script is not None else {}),
             }
 
-        return Modules(fs=fs, shell=shell, snapshot=snap, extra=extra, details=details)
+        return Modules(
+            fs=fs,
+            shell=shell,
+            code=code,
+            script=script,
+            snapshot=snap,
+            extra=extra,
+            details=details,
+        )
 
     def _snapshotter(
         self,
@@ -487,6 +539,7 @@ class _DockerBuilder:
             await self._prepare(payload, root, {}, fresh=True)
             box = self._container(payload, {**owner_labels(), LABEL_SESSION: ""})
             cid = await box.replace()
+            box.detach()  # the pool holds it until a session adopts it
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(self.layout.remove_workspace, name)

@@ -9,10 +9,9 @@ text without NUL.
 
 Every exec carries a random marker in its environment. On timeout or
 cancellation a second exec kills every process of the container whose
-environment holds that marker, so a command's whole tree dies, including
-children that called ``setsid`` or were put in the background; docker's init
-(tini) reaps them. A child that scrubs its environment (``env -i``) escapes
-the marker but not the final container stop at close.
+environment holds that marker (:mod:`._execs`), so a command's whole tree
+dies, including children that called ``setsid`` or were put in the
+background.
 """
 
 from __future__ import annotations
@@ -24,11 +23,12 @@ from typing import Any, Final, Literal
 
 import anyio
 
-from corral.provider import CommandRequest, ExecResult, OperationError, WorkspaceEvictedError
+from corral.provider import CommandRequest, ExecResult, OperationError
 from corral_posix import CommandChecker
 
 from ._attach import AttachedExec, AttachingEngine
-from ._engine import ContainerNotFoundError, DockerEngine, EngineError, ExecOutput
+from ._engine import DockerEngine, ExecOutput
+from ._execs import engine_errors, kill_marked
 from ._options import WORKDIR
 
 __all__ = ["DockerShell", "OutputCallback"]
@@ -53,15 +53,6 @@ _ATTACHED_ENTRY: Final = (
     'cd -- "$1" 2>/dev/null || { printf %s "$CORRAL_CWD_ERR" >&2; exit 125; }; shift; '
     'unset CORRAL_CWD_ERR; if [ "$CORRAL_NO_STDIN" = 1 ]; then unset CORRAL_NO_STDIN; '
     'exec "$@" </dev/null; fi; exec "$@"'
-)
-
-# Kills every process whose environment carries the marker; repeated so a
-# process forking during the sweep is caught on the next pass.
-_KILL: Final = (
-    "m=CORRAL_EXEC=$1; for pass in 1 2 3; do for p in /proc/[0-9]*; do "
-    '[ "${p#/proc/}" = "$$" ] && continue; '
-    "if tr '\\000' '\\n' < $p/environ 2>/dev/null | grep -qxF \"$m\"; then "
-    'kill -9 "${p#/proc/}" 2>/dev/null; fi; done; done; true'
 )
 
 
@@ -134,7 +125,7 @@ class DockerShell:
         started = time.monotonic()
         out: Any = None
         try:
-            with anyio.move_on_after(request.timeout_s):
+            with engine_errors("docker exec failed"), anyio.move_on_after(request.timeout_s):
                 out = await self._exec(
                     container_id,
                     [workdir, *argv],
@@ -143,16 +134,9 @@ class DockerShell:
                     max_output_bytes=request.max_output_bytes,
                     on_output=on_output,
                 )
-        except ContainerNotFoundError:
-            raise WorkspaceEvictedError(
-                "docker: the workspace container is gone", provider_id="docker"
-            ) from None
-        except EngineError as exc:
-            raise OperationError(f"docker exec failed: {exc.message}", code="failed") from None
         finally:
             if out is None:
-                with anyio.CancelScope(shield=True):
-                    await self.kill(container_id, marker)
+                await self.kill(container_id, marker)
         duration = (time.monotonic() - started) * 1000
         if out is None:
             return ExecResult(exit_code=None, timed_out=True, duration_ms=duration)
@@ -214,19 +198,10 @@ class DockerShell:
         return out
 
     async def kill(self, container_id: str, marker: str) -> None:
-        """Kill every process of one exec (best effort; errors are swallowed)."""
-        with anyio.move_on_after(self._kill_grace_s):
-            try:
-                await self._engine.exec(
-                    container_id,
-                    ["sh", "-c", _KILL, "corral-kill", marker],
-                    env={},
-                    workdir="/",
-                    user=self._user,
-                    max_output_bytes=4096,
-                )
-            except EngineError:
-                return
+        """Kill every process of one exec (best effort, shielded; errors are swallowed)."""
+        await kill_marked(
+            self._engine, container_id, [marker], user=self._user, wait_s=self._kill_grace_s
+        )
 
 
 def _stdin_bytes(text: str) -> bytes:
