@@ -12,9 +12,13 @@ The 100k tree runs only in the full run. The last rows print how each
 subject's median grew from the smallest to the largest file count.
 
 Where the floor is: snapshot and restore both stat every entry of the live
-tree (no sound change journal exists; see bench/_notes.py), which is about
-0.15-0.2 s for 100k entries in CPython; tar xzf of the same tree takes 1-2 s
-here, so restore cannot reach 0.05x by walking. Branch and reads verify
+tree (no sound change journal exists; see bench/_notes.py): one ``fstatat``
+per entry, from ``listdir`` names, compared with the stored columns as whole
+list slices, so both walks now cost the same per entry and that cost is
+the stat itself (about 0.15-0.3 s for 100k entries in CPython, more on a
+loaded machine). ``tar czf`` pays for compression, ``tar xzf`` does not
+(1-3 s here), so the same walk is about 0.05x of the first and 0.15-0.2x of
+the second: restore cannot reach 0.05x by walking. Branch and reads verify
 every blob's SHA-256, which a 100 MB tree pays in full.
 """
 

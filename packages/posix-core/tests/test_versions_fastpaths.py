@@ -18,7 +18,7 @@ import pytest
 
 from corral.provider import OperationError
 from corral_posix import TmpdirLayout, _versions
-from corral_posix._manifest import MAGIC, Manifest, ManifestError, decode
+from corral_posix._manifest import MAGIC, Manifest, ManifestError, decode, diff
 
 from .test_snapshots import capture
 from .test_versions import blobs, layout, make, tree
@@ -230,3 +230,56 @@ async def test_storing_content_again_replaces_a_damaged_blob(layout: TmpdirLayou
     new = await snap.snapshot()
     assert await snap.read_file_at(new.snapshot_id, "/b") == b"same content"
     assert await snap.read_file_at(old.snapshot_id, "/a") == b"same content"
+
+
+def _scattered(m: Manifest, order: list[int]) -> Manifest:
+    """``m`` with its entries in another (parents-first) order: children no longer adjacent."""
+    where = {old: new for new, old in enumerate(order)}
+    out = Manifest()
+    for old in order:
+        out.parent.append(where[m.parent[old]] if old else -1)
+        for column in ("name", "kind", "mode", "size", "data", "key"):
+            getattr(out, column).append(getattr(m, column)[old])
+    return decode(out.encode(), max_entries=100, max_bytes=10**6)
+
+
+def test_walks_handle_manifests_whose_directories_are_not_contiguous(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The slice fast paths need a directory's entries side by side; others compare by name."""
+    from corral_posix._blobstore import LocalBlobStore
+
+    root = tmp_path / "ws"
+    for rel in ("a/x", "b/y", "a/z"):
+        Path(root, rel).parent.mkdir(parents=True, exist_ok=True)
+        Path(root, rel).write_text(rel)
+    store = LocalBlobStore(str(tmp_path / "store"))
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        settle()
+        m0, _ = _versions.scan(fd, None, store, _versions.Caps(), time.time_ns())
+        a, b = m0.children(0)["a"], m0.children(0)["b"]
+        ax, az, by = m0.children(a)["x"], m0.children(a)["z"], m0.children(b)["y"]
+        scattered = _scattered(m0, [0, a, b, ax, by, az])
+        assert scattered.span(1) is None  # a's entries are split by b's
+        assert scattered.span(2) == (4, 5)
+        assert set(scattered.children(1)) == {"x", "z"}
+        reads: list[str] = []
+        real = _versions._hash_file
+
+        def counting(dir_fd: int, name: str, *args: object) -> object:
+            reads.append(name)
+            return real(dir_fd, name, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(_versions, "_hash_file", counting)
+        again, _ = _versions.scan(fd, scattered, None, _versions.Caps(), time.time_ns())
+        assert reads == []  # every unchanged file recognised by name
+        assert diff(again, m0) == []
+        Path(root, "a", "z").write_text("A/Z")  # same size, new content
+        Path(root, "b", "extra").write_text("extra")
+        changed = _versions.apply(fd, scattered, scattered, store, "v")
+        assert changed == 2
+        assert Path(root, "a", "z").read_text() == "a/z"
+        assert not Path(root, "b", "extra").exists()
+    finally:
+        os.close(fd)

@@ -102,6 +102,7 @@ class Manifest:
     data: list[str] = attrs.field(factory=list)
     key: list[Key | None] = attrs.field(factory=list)
     _kids: list[dict[str, int] | None] | None = attrs.field(default=None, repr=False)
+    _spans: list[tuple[int, int]] | None = attrs.field(default=None, repr=False)
     _file_bytes: int | None = attrs.field(default=None, repr=False)
 
     def __len__(self) -> int:
@@ -114,8 +115,26 @@ class Manifest:
             return self._file_bytes
         return sum(s for s, k in zip(self.size, self.kind, strict=True) if k == "f")
 
+    def span(self, idx: int) -> tuple[int, int] | None:
+        """``(start, end)`` when an entry's children are exactly the indices ``start..end-1``.
+
+        Scans and encoding keep every directory's entries together, so this
+        holds for every manifest corral writes, and lets the walks compare a
+        whole directory with C-level list slices. None when a (foreign or
+        damaged) manifest scatters them; callers then compare by name.
+        ``(0, 0)`` for an entry without children.
+        """
+        if self._spans is None:
+            self._spans = _spans(self.parent)
+        span = self._spans[idx]
+        return None if span[0] < 0 else span
+
     def children(self, idx: int) -> dict[str, int]:
-        """Name -> index of a directory's entries (built for all directories at once)."""
+        """Name -> index of a directory's entries."""
+        span = self.span(idx)
+        if span is not None:
+            start, end = span
+            return dict(zip(self.name[start:end], range(start, end), strict=True))
         if self._kids is None:
             kids: list[dict[str, int] | None] = [None] * len(self.parent)
             for i, k in enumerate(self.kind):
@@ -219,6 +238,28 @@ class Manifest:
     def digest(self, encoded: bytes) -> str:
         """SHA-256 of an encoded manifest (recorded in the version's metadata)."""
         return hashlib.sha256(encoded).hexdigest()
+
+
+NO_CHILDREN: Final = (0, 0)
+"""The span of an entry without children (an empty slice of every column)."""
+_SCATTERED: Final = (-1, -1)
+
+
+def _spans(parent: list[int]) -> list[tuple[int, int]]:
+    """Each entry's children as one index range, or :data:`_SCATTERED` (see ``Manifest.span``).
+
+    One pass over runs of equal parents (C-level grouping; a loop per
+    directory, not per entry).
+    """
+    spans = [NO_CHILDREN] * len(parent)
+    pos = 1
+    for owner, run in itertools.groupby(itertools.islice(parent, 1, None)):
+        count = len(list(run))
+        if not 0 <= owner < len(spans):
+            return [_SCATTERED] * len(parent)  # not a tree (decode refuses such a manifest)
+        spans[owner] = (pos, pos + count) if spans[owner] == NO_CHILDREN else _SCATTERED
+        pos += count
+    return spans
 
 
 class Builder:

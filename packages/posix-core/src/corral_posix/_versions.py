@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import logging
 import os
@@ -42,7 +43,7 @@ from corral.provider import OperationError, ProgressReporter
 
 from ._blobstore import BlobError, BlobStore
 from ._fdtree import DirChain, _make_accessible, remove_tree_at
-from ._manifest import Key, Manifest, key_of, kind_of
+from ._manifest import NO_CHILDREN, Key, Manifest, key_of, kind_of
 
 __all__ = ["Caps", "apply", "scan"]
 
@@ -71,18 +72,38 @@ def _too_large(what: str) -> OperationError:
     )
 
 
-def _list(fd: int) -> dict[str, Key]:
-    """Name -> :data:`Key` of every entry of a directory (entries that vanish are left out)."""
-    with os.scandir(fd) as it:
-        entries = list(it)
+def _listing(fd: int) -> tuple[list[str], list[Key]]:
+    """Names and :data:`Key` s of a directory's entries, in listing order.
+
+    One ``fstatat`` per entry relative to the directory fd, never following
+    a link, and no Python-level loop: the names and keys come out as two
+    lists built in C, which the walks compare with stored columns as whole
+    slices. (``listdir`` plus ``os.stat`` costs about a third less than
+    ``scandir``'s ``DirEntry`` objects and their ``stat()``.) Entries that
+    vanish meanwhile are left out.
+    """
+    names = os.listdir(fd)
+    lstat = functools.partial(os.stat, dir_fd=fd, follow_symlinks=False)
     try:
-        return {e.name: key_of(e.stat(follow_symlinks=False)) for e in entries}
+        return names, list(map(key_of, map(lstat, names)))
     except FileNotFoundError:
-        out = {}
-        for e in entries:
+        found, keys = [], []
+        for name in names:
             with contextlib.suppress(FileNotFoundError):
-                out[e.name] = key_of(e.stat(follow_symlinks=False))
-        return out
+                keys.append(key_of(lstat(name)))
+                found.append(name)
+        return found, keys
+
+
+def _same_span(m: Manifest, idx: int, names: list[str], keys: list[Key]) -> tuple[int, int] | None:
+    """The span of ``m``'s directory ``idx`` when it records exactly this listing, in order."""
+    span = m.span(idx)
+    if span is None:
+        return None
+    start, end = span
+    if end - start != len(names) or keys != m.key[start:end] or names != m.name[start:end]:
+        return None
+    return span
 
 
 def _hash_file(
@@ -166,7 +187,7 @@ class _Scan:
         self.caps = caps
         self.trust = scan_ns - RACY_NS
         self.m = Manifest()
-        self.kids: list[dict[str, int] | None] = []
+        self.spans: list[tuple[int, int]] = []
         self.total = 0
         self.skipped: list[str] = []
         self.dropped: list[int] = []
@@ -182,7 +203,7 @@ class _Scan:
         m.size.append(size)
         m.data.append(data)
         m.key.append(key)
-        self.kids.append(None)
+        self.spans.append(NO_CHILDREN)
         return len(m.parent) - 1
 
     def record(self, key: Key | None) -> Key | None:
@@ -193,16 +214,19 @@ class _Scan:
 
     def directory(self, fd: int, me: int, old: int, base: str) -> list[tuple[str, int, int]]:
         """Record one directory's entries; return its subdirectories ``(name, new, old)``."""
-        live = _list(fd)
+        names, keys = _listing(fd)
         prev = self.prev
-        prev_kids = prev.children(old) if prev is not None and old >= 0 else None
-        if len(self.m.parent) + len(live) > self.caps.max_entries:
+        if len(self.m.parent) + len(names) > self.caps.max_entries:
             raise _too_large(f"{self.caps.max_entries} entries")
-        if prev is not None and prev_kids is not None and live == _signature(prev, prev_kids):
-            return self._take_over(prev, prev_kids, me)
-        kids: dict[str, int] = {}
+        prev_kids = None
+        if prev is not None and old >= 0:
+            span = _same_span(prev, old, names, keys)
+            if span is not None:
+                return self._take_over(prev, span, me)
+            prev_kids = prev.children(old)
+        start = len(self.m.parent)
         subdirs: list[tuple[str, int, int]] = []
-        for name, key in live.items():
+        for name, key in zip(names, keys, strict=True):
             kind = kind_of(key[0])
             if kind is None:
                 self.skipped.append(f"{base}/{name}")
@@ -224,7 +248,7 @@ class _Scan:
                         self.skipped.append(f"{base}/{name}")
                         continue
                     size = len(os.fsencode(target))
-                idx = self.add(me, name, "l", 0o777, size, target, self.record(key))
+                self.add(me, name, "l", 0o777, size, target, self.record(key))
             else:
                 got: tuple[str, int, Key | None] | None
                 if same and prev is not None:
@@ -238,42 +262,44 @@ class _Scan:
                 self.total += size
                 if self.total > self.caps.max_bytes:
                     raise _too_large(f"{self.caps.max_bytes} bytes")
-                idx = self.add(me, name, "f", mode, size, digest, self.record(got_key))
-            kids[name] = idx
-        self.kids[me] = kids
+                self.add(me, name, "f", mode, size, digest, self.record(got_key))
+        self.spans[me] = (start, len(self.m.parent))
         return subdirs
 
     def _take_over(
-        self, prev: Manifest, prev_kids: dict[str, int], me: int
+        self, prev: Manifest, span: tuple[int, int], me: int
     ) -> list[tuple[str, int, int]]:
-        """Copy an unchanged directory's entries from the previous manifest in bulk."""
+        """Copy an unchanged directory's entries from the previous manifest, as slices."""
         m = self.m
-        idxs = list(prev_kids.values())
-        n = len(idxs)
+        first, end = span
+        n = end - first
         start = len(m.parent)
-        kinds = list(map(prev.kind.__getitem__, idxs))
-        sizes = list(map(prev.size.__getitem__, idxs))
+        kinds = prev.kind[first:end]
+        sizes = prev.size[first:end]
         # Directories have size 0; a symlink's size is its target's length, not content.
         self.total += sum(sizes)
         if "l" in kinds:
             self.total -= sum(s for s, k in zip(sizes, kinds, strict=True) if k == "l")
         if self.total > self.caps.max_bytes:
             raise _too_large(f"{self.caps.max_bytes} bytes")
+        names = prev.name[first:end]
         m.parent.extend([me] * n)
-        m.name.extend(prev_kids.keys())
+        m.name.extend(names)
         m.kind.extend(kinds)
-        m.mode.extend(map(prev.mode.__getitem__, idxs))
+        m.mode.extend(prev.mode[first:end])
         m.size.extend(sizes)
-        m.data.extend(map(prev.data.__getitem__, idxs))
-        m.key.extend(map(prev.key.__getitem__, idxs))
-        self.kids.extend([None] * n)
-        self.kids[me] = dict(zip(prev_kids.keys(), range(start, start + n), strict=True))
-        return [(name, start + j, idxs[j]) for j, name in enumerate(prev_kids) if kinds[j] == "d"]
+        m.data.extend(prev.data[first:end])
+        m.key.extend(prev.key[first:end])
+        self.spans.extend([NO_CHILDREN] * n)
+        self.spans[me] = (start, start + n)
+        if "d" not in kinds:
+            return []
+        return [(names[j], start + j, first + j) for j, k in enumerate(kinds) if k == "d"]
 
     def finish(self) -> Manifest:
         """The manifest, without the directories that vanished before they could be entered."""
         m = self.m
-        m._kids = self.kids
+        m._spans = self.spans
         if not self.dropped:
             m._file_bytes = self.total
             return m
@@ -567,12 +593,29 @@ def apply(
 def _apply_dir(ap: _Applier, dir_fd: int, t_dir: int, i_dir: int) -> list[tuple[str, int, int]]:
     """Fix the entries of one directory; return its subdirectories to enter."""
     t = ap.t
+    if ap.fresh:
+        want = t.children(t_dir)
+        if ap.progress is not None:
+            ap.progress.advance(len(want))
+        return _fill_dir(ap, dir_fd, want)
+    names, keys = _listing(dir_fd)
+    if ap.index is not None and i_dir >= 0:
+        quick = _unchanged_dir(t, t_dir, ap.index, i_dir, (names, keys))
+        if quick is not None:
+            if ap.progress is not None:
+                ap.progress.advance(len(names))
+            return quick
+    return _fix_dir(ap, dir_fd, t_dir, i_dir, dict(zip(names, keys, strict=True)))
+
+
+def _fix_dir(
+    ap: _Applier, dir_fd: int, t_dir: int, i_dir: int, have: dict[str, Key]
+) -> list[tuple[str, int, int]]:
+    """Compare one directory's live entries (``have``) with the target by name and fix them."""
+    t = ap.t
     want = t.children(t_dir)
     if ap.progress is not None:
         ap.progress.advance(len(want))
-    if ap.fresh:
-        return _fill_dir(ap, dir_fd, want)
-    have = _list(dir_fd)
     index = ap.index
     idx_kids = index.children(i_dir) if index is not None and i_dir >= 0 else {}
     if (
@@ -625,6 +668,36 @@ def _apply_dir(ap: _Applier, dir_fd: int, t_dir: int, i_dir: int) -> list[tuple[
                 ap.write_file(dir_fd, name, idx)
             ap.changed += 1
     return subdirs
+
+
+def _unchanged_dir(
+    t: Manifest, t_dir: int, index: Manifest, i_dir: int, live: tuple[list[str], list[Key]]
+) -> list[tuple[str, int, int]] | None:
+    """Subdirectories to enter, if the directory is as the index recorded it and that is the target.
+
+    Slice comparisons of whole columns (the live listing's names and keys
+    against the index's, then the index's kinds, modes and content against
+    the target's): no Python work per entry. None when anything differs
+    (or the entries are not in recorded order): the caller compares by name.
+    """
+    names, keys = live
+    ispan = _same_span(index, i_dir, names, keys)
+    tspan = t.span(t_dir)
+    if ispan is None or tspan is None:
+        return None
+    a, b = ispan
+    c, d = tspan
+    if (
+        names != t.name[c:d]
+        or index.data[a:b] != t.data[c:d]
+        or index.kind[a:b] != t.kind[c:d]
+        or index.mode[a:b] != t.mode[c:d]
+    ):
+        return None
+    kinds = t.kind[c:d]
+    if "d" not in kinds:
+        return []
+    return [(names[j], c + j, a + j) for j, k in enumerate(kinds) if k == "d"]
 
 
 def _fill_dir(ap: _Applier, dir_fd: int, want: dict[str, int]) -> list[tuple[str, int, int]]:
