@@ -216,6 +216,47 @@ async def test_a_ready_host_that_died_is_replaced(ws: Workspace) -> None:
     assert ours.fileno() == -1  # found dead and closed, not used
 
 
+async def test_a_start_whose_record_fails_leaves_nothing_running(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host spawns before the record is written: without one, the command must not live on."""
+    pm = pm_of(ws)
+    assert ws.fs is not None
+
+    def unwritable(*_args: Any) -> None:
+        raise PermissionError(13, "denied")
+
+    monkeypatch.setattr(processes_module.HostProcessManager, "_create_record", unwritable)
+    with pytest.raises(PermissionError):
+        await pm.start(
+            ProcessRequest("sleep 0.5; echo leaked > leaked.txt", allow_shell_syntax=True)
+        )
+    monkeypatch.undo()
+    await anyio.sleep(1.5)
+    assert "leaked.txt" not in [e.name for e in await ws.fs.ls(".")]
+    assert list(await pm.list()) == []
+
+
+async def test_output_before_the_record_is_handed_over_is_kept(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the command writes while its record is still being written reaches the reader."""
+    pm = pm_of(ws)
+    real = processes_module.HostProcessManager._create_record
+
+    def slow(*args: Any) -> None:
+        import time
+
+        time.sleep(0.3)  # the command has long printed (in a worker thread: no loop blocked)
+        real(*args)
+
+    monkeypatch.setattr(processes_module.HostProcessManager, "_create_record", slow)
+    pid = await start(pm, "echo early; echo late >&2")
+    assert await read_all(pm, pid) == b"early\n"
+    assert await read_all(pm, pid, "stderr") == b"late\n"
+    assert (await pm.wait(pid, timeout_s=10)).exit_code == 0
+
+
 async def test_background_server_answers_on_loopback(ws: Workspace) -> None:
     pm = pm_of(ws)
     with socket.socket() as s:

@@ -235,17 +235,17 @@ class HostProcessManager:
         if self._checks is not None and self._checks.before_start is not None:
             await self._checks.before_start()
         pid = "p" + secrets.token_hex(8)
+        # One worker-thread hop guards, hands the request to a process host and
+        # writes the record while the host spawns the command.
         prepared = await anyio.to_thread.run_sync(self._prepare, pid, request)
-        try:
-            sock = await self._hand_over(prepared)
-        except BaseException:
-            prepared.close()
-            raise
+        sock = prepared.sock
+        assert sock is not None
+        prepared.sock = None
         try:
             # Only a terminal needs the host's answer (its pty master). Without
             # one the request is durable once sent: the record is on disk, its
-            # lock travels with the message, and a host that fails before its
-            # command runs leaves the record "lost" for every reader.
+            # lock went to the host with it, and a host that fails now leaves
+            # the record "lost" for every reader.
             master = -1 if request.terminal is None else await _started(sock)
         except BaseException:
             sock.close()
@@ -265,8 +265,6 @@ class HostProcessManager:
                 raise workspace_closed()
             self._live[pid] = live
         self._ensure_monitor()
-        with contextlib.suppress(OperationError):
-            await PROCESS_HOSTS.replenish()  # or the next start asks for its own
         # The first info, by definition "running": a fast process may already
         # have ended, which the next info() reports.
         return ProcessInfo(
@@ -279,7 +277,15 @@ class HostProcessManager:
         )
 
     def _prepare(self, pid: str, request: ProcessRequest) -> _Prepared:
-        """Guard, wrap and create the record (blocking)."""
+        """Guard, hand the request to a process host, write the record (blocking).
+
+        The host spawns the command as soon as it has the request (``R``);
+        the record is written meanwhile and handed over after (``D``), with
+        its lock: its output waits in the pipe until then, and start returns
+        only once the record is on disk. When the record cannot be written or
+        handed over, the host's socket closes and it kills what it started.
+        The next ready host is asked for last, off the command's start.
+        """
         try:
             root_fd = os.open(self.root, _DIR_FLAGS)
         except (FileNotFoundError, NotADirectoryError):
@@ -311,28 +317,6 @@ class HostProcessManager:
             wrapper = self.wrapper if request.terminal is None else self.terminal_wrapper
             wrapped = wrapper.wrap(guarded.argv, WrapContext(self.root, host_cwd, env))
             _check_text([*wrapped.argv, *wrapped.env, *wrapped.env.values()])
-            record = os.path.join(self.records, pid)
-            os.makedirs(self.records, mode=0o700, exist_ok=True)
-            os.mkdir(record, 0o700)
-            for stream in _STREAM_INDEX:
-                os.mkdir(os.path.join(record, stream), 0o700)
-            started = prepared.started_at = time.time()
-            _write_json(
-                record,
-                "meta.json",
-                {
-                    "id": pid,
-                    "command": request.command,
-                    "started_at": started,
-                    "terminal": _size(request.terminal),
-                    "retained": request.retained_bytes,
-                },
-            )
-            prepared.record_fd = os.open(record, _DIR_FLAGS)
-            prepared.lock_fd = os.open(
-                "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600, dir_fd=prepared.record_fd
-            )
-            fcntl.flock(prepared.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if request.terminal is None:
                 r, w = os.pipe2(os.O_CLOEXEC)
                 prepared.stdin_r, prepared.stdin_w = r, w
@@ -340,7 +324,7 @@ class HostProcessManager:
                     fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, _STDIN_PIPE)
                 os.set_blocking(w, False)
             prepared.pass_fds = list(wrapped.pass_fds)
-            prepared.spec = {
+            spec = {
                 "argv": list(wrapped.argv),
                 "env": dict(wrapped.env),
                 "cwd": wrapped.cwd,
@@ -352,33 +336,47 @@ class HostProcessManager:
                 "signal_as_status": wrapped.signal_as_status,
                 "has_stdin": request.terminal is None,
                 "ctty": self._ctty,
-                "pass_targets": [],
+                "pass_targets": list(prepared.pass_fds),
             }
+            prepared.sock = _send_spawn(prepared, b"R" + json.dumps(spec).encode())
+            try:
+                self._create_record(prepared, pid, request)
+                _send_record(prepared)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    self._remove_record(pid)  # its host kills the command on the socket's EOF
+                raise
+            with contextlib.suppress(OperationError):
+                PROCESS_HOSTS.replenish()  # or the next start asks for its own
         except BaseException:
             prepared.close()
             raise
         return prepared
 
-    async def _hand_over(self, prepared: _Prepared) -> socket.socket:
-        """Send the start request to a process host; its socket.
-
-        The host kept ready ahead of time may have died since: a send that
-        finds it gone moves on to a fresh host (nothing was delivered).
-        """
-        for attempt in range(2):
-            sock = await PROCESS_HOSTS.new_host()
-            try:
-                await _send_request(sock, prepared)
-            except _HostGone:
-                sock.close()
-                if attempt == 0:
-                    continue
-                raise OperationError("the process host went away", code="failed") from None
-            except BaseException:
-                sock.close()
-                raise
-            return sock
-        raise AssertionError("unreachable")
+    def _create_record(self, prepared: _Prepared, pid: str, request: ProcessRequest) -> None:
+        """The record directory, ``meta.json`` and the held lock (blocking)."""
+        record = os.path.join(self.records, pid)
+        os.makedirs(self.records, mode=0o700, exist_ok=True)
+        os.mkdir(record, 0o700)
+        for stream in _STREAM_INDEX:
+            os.mkdir(os.path.join(record, stream), 0o700)
+        started = prepared.started_at = time.time()
+        _write_json(
+            record,
+            "meta.json",
+            {
+                "id": pid,
+                "command": request.command,
+                "started_at": started,
+                "terminal": _size(request.terminal),
+                "retained": request.retained_bytes,
+            },
+        )
+        prepared.record_fd = os.open(record, _DIR_FLAGS)
+        prepared.lock_fd = os.open(
+            "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600, dir_fd=prepared.record_fd
+        )
+        fcntl.flock(prepared.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
     # -- reading -----------------------------------------------------------------
 
@@ -811,37 +809,61 @@ async def _pushed(live: _Live, index: int, cursor: int, most: int, within: float
     return bytes(got[_PUSHED.size :])
 
 
-class _HostGone(Exception):
-    """The process host's socket refused the start request."""
+def _send_spawn(prepared: _Prepared, payload: bytes) -> socket.socket:
+    """Hand the ``R`` message to a process host (blocking); its socket.
 
-
-async def _send_request(sock: socket.socket, prepared: _Prepared) -> None:
-    """Send the ``R`` message (fds as SCM_RIGHTS) without waiting for an answer.
+    The host kept ready ahead of time may have died since: a send that finds
+    it gone moves on to a fresh host (nothing was delivered).
 
     Raises:
-        OperationError: ``too_large`` for a command or environment over a message.
-        _HostGone: The host is gone.
+        OperationError: ``too_large`` for a command or environment over a
+            message; ``failed`` when no process host can be reached.
     """
-    fds = [prepared.record_fd, prepared.lock_fd, prepared.cwd_fd]
+    fds = [prepared.cwd_fd]
     if prepared.stdin_r >= 0:
         fds.append(prepared.stdin_r)
     fds += prepared.pass_fds
-    spec = dict(prepared.spec)
-    spec["pass_targets"] = list(prepared.pass_fds)
-    payload = b"R" + json.dumps(spec).encode()
     rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
-    while True:
+    for _attempt in range(2):
+        sock = PROCESS_HOSTS.take()
         try:
+            sock.setblocking(True)  # a worker thread: a full socket may hold it
             sock.sendmsg([payload], rights, socket.MSG_NOSIGNAL)
-            break
-        except BlockingIOError:
-            await anyio.wait_writable(sock)
         except OSError as exc:
+            sock.close()
             if exc.errno == errno.EMSGSIZE:
                 raise OperationError(
                     "command and environment are too large to run", code="too_large"
                 ) from None
-            raise _HostGone from None
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    raise OperationError("the process host went away", code="failed")
+
+
+def _send_record(prepared: _Prepared) -> None:
+    """Send the ``D`` message: the record and its lock; the host now records output.
+
+    Raises:
+        OperationError: ``failed`` when the host died since it took the request
+            (the command is not retried elsewhere: it may have begun).
+    """
+    assert prepared.sock is not None
+    rights = [
+        (
+            socket.SOL_SOCKET,
+            socket.SCM_RIGHTS,
+            struct.pack("2i", prepared.record_fd, prepared.lock_fd),
+        )
+    ]
+    try:
+        prepared.sock.sendmsg([b"D"], rights, socket.MSG_NOSIGNAL)
+    except OSError:
+        raise OperationError("the process host went away", code="failed") from None
+    finally:
+        prepared.sock.setblocking(False)
 
 
 async def _started(sock: socket.socket) -> int:
@@ -880,9 +902,12 @@ class _Prepared:
         self.stdin_w = -1
         self.pass_fds: list[int] = []
         self.started_at = 0.0
-        self.spec: dict[str, Any] = {}
+        self.sock: socket.socket | None = None  # the process host's, once it took the request
 
     def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
         for name in ("cwd_fd", "record_fd", "lock_fd", "stdin_r", "stdin_w"):
             fd = getattr(self, name)
             if fd >= 0:

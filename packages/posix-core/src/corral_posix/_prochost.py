@@ -20,8 +20,13 @@ a fresh interpreter would cost twenty.
 
 Messages on a process host's socket (SOCK_SEQPACKET, one message each):
 
-* host program -> process host: ``R`` + JSON request, with the record
-  directory, lock, working-directory, stdin and wrapper fds (SCM_RIGHTS);
+* host program -> process host: ``R`` + JSON request, with the
+  working-directory, stdin and wrapper fds (SCM_RIGHTS), then ``D`` with the
+  record directory and its lock. The command is spawned between the two: the
+  host program writes the record while the command starts (its output waits
+  in the pipe), and only then says the start succeeded, so a handle it
+  returns always has its record. A host whose ``D`` never comes (the program
+  died, or could not write the record) kills the command's tree and exits;
   ``W`` + ``WAIT`` (stream 0/1, or 2 for "the end", a cursor, and how many
   bytes the reader takes pushed) with one fd: the host closes that fd once
   the stream has bytes beyond the cursor (or, for an ended stream, once the
@@ -281,8 +286,9 @@ class _Request:
         self.rlimits: list[list[int]] = spec["rlimits"]
         self.signal_as_status: bool = spec["signal_as_status"]
         self.ctty: bool = spec["ctty"]
-        self.record_fd, self.lock_fd, self.cwd_fd = fds[:3]
-        rest = fds[3:]
+        self.cwd_fd = fds[0]
+        self.record_fd = self.lock_fd = -1  # from the ``D`` message
+        rest = fds[1:]
         self.stdin_fd = rest.pop(0) if spec["has_stdin"] else -1
         self.passes = list(zip(rest, spec["pass_targets"], strict=True))
 
@@ -319,7 +325,7 @@ def _warm() -> None:
     millisecond in a fresh fork, measured).
     """
     with contextlib.suppress(Exception):
-        req = _Request(_SAMPLE, [-1, -1, -1])
+        req = _Request(_SAMPLE, [-1])
         r, w = os.pipe2(os.O_CLOEXEC)
         try:
             with contextlib.suppress(OSError):
@@ -485,12 +491,6 @@ class _Host:
         if data[:1] != b"R":
             return
         req = _Request(data, fds)
-        dirs = [
-            os.open(s, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=req.record_fd)
-            for s in STREAMS
-        ]
-        self.logs = [_Log(d, req.retained, req.segment) for d in dirs]
-        self.record_fd = req.record_fd
         master, started_errno = self._spawn(req)
         _close(
             [
@@ -499,6 +499,20 @@ class _Host:
                 *(s for s, _ in req.passes),
             ]
         )
+        data, fds = _recv(self.sock)
+        if data[:1] != b"D" or len(fds) != 2:
+            # No record to write to: nothing this start began may keep running.
+            _close(fds)
+            if self.main:
+                self._kill_tree()
+            return
+        req.record_fd, req.lock_fd = fds
+        dirs = [
+            os.open(s, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=req.record_fd)
+            for s in STREAMS
+        ]
+        self.logs = [_Log(d, req.retained, req.segment) for d in dirs]
+        self.record_fd = req.record_fd
         rights = (
             []
             if master < 0

@@ -21,9 +21,6 @@ import sys
 import threading
 from typing import Final
 
-import anyio
-import anyio.to_thread
-
 from corral.provider import OperationError
 
 __all__ = ["PROCESS_HOSTS", "ProcessHostServer"]
@@ -88,11 +85,13 @@ class ProcessHostServer:
             self._proc, self._sock, self._owner = proc, ours, os.getpid()
             return ours
 
-    async def new_host(self) -> socket.socket:
-        """A socket to a freshly forked process host (non-blocking).
+    def take(self) -> socket.socket:
+        """A socket (non-blocking) to the ready host, else to a freshly forked one.
 
-        The host asked for ahead of time when it is still there (see the
-        module's docstring); call :meth:`replenish` once the request is sent.
+        Blocking (it may start the server): called from the worker thread in
+        which a start prepares its request and record, so the host begins
+        before the event loop hears back (see ``HostProcessManager.start``).
+        Call :meth:`replenish` once the request is sent.
 
         Raises:
             OperationError: ``failed`` when the server cannot be started or reached.
@@ -103,16 +102,30 @@ class ProcessHostServer:
             if self._owner == os.getpid() and _waiting(ready):
                 return ready
             ready.close()
-        return await self._ask()
+        return self._ask()
 
-    async def replenish(self) -> None:
-        """Ask for the next ready host (a no-op when one is already waiting).
+    def replenish(self) -> None:
+        """Ask for the next ready host (a no-op when one is already waiting; blocking).
 
         Raises:
             OperationError: ``failed`` when the server cannot be started or reached.
         """
         if self._ready is None:
-            self._keep_ready(await self._ask())
+            self._keep_ready(self._ask())
+
+    def _ask(self) -> socket.socket:
+        """Ask the server for a new process host (blocking: may start the server); its socket."""
+        for attempt in range(2):
+            try:
+                ctl = self._current() or self._start()
+            except OSError as exc:
+                raise OperationError(
+                    f"cannot start the process host: {exc.strerror}", code="failed"
+                ) from exc
+            sock = self._send_new(ctl, last=attempt == 1)
+            if sock is not None:
+                return sock
+        raise OperationError("cannot reach the process host", code="failed")
 
     def _keep_ready(self, sock: socket.socket) -> None:
         with self._ready_lock:
@@ -122,43 +135,33 @@ class ProcessHostServer:
         if not keep:  # another start replenished meanwhile
             sock.close()
 
-    async def _ask(self) -> socket.socket:
-        """Ask the server for a new process host; its socket."""
-        for attempt in range(2):
-            ctl = self._current()
-            if ctl is None:
-                try:
-                    ctl = await anyio.to_thread.run_sync(self._start)
-                except OSError as exc:
-                    raise OperationError(
-                        f"cannot start the process host: {exc.strerror}", code="failed"
-                    ) from exc
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            with contextlib.suppress(OSError):
-                ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SNDBUF)
-            rights = [
-                (socket.SOL_SOCKET, socket.SCM_RIGHTS, theirs.fileno().to_bytes(4, sys.byteorder))
-            ]
-            try:
-                # The control socket is blocking and tiny messages always fit:
-                # a send never waits unless the server is wedged.
-                ctl.sendmsg([b"N"], rights, socket.MSG_NOSIGNAL)
-            except OSError as exc:
-                ours.close()
-                if attempt == 0:
-                    with self._lock:
-                        if self._proc is not None and self._owner == os.getpid():
-                            with contextlib.suppress(OSError):
-                                self._proc.kill()
-                    continue
-                raise OperationError(
-                    f"cannot reach the process host: {exc.strerror}", code="failed"
-                ) from exc
-            finally:
-                theirs.close()
-            ours.setblocking(False)
-            return ours
-        raise OperationError("cannot reach the process host", code="failed")
+    def _send_new(self, ctl: socket.socket, *, last: bool) -> socket.socket | None:
+        """Send ``N`` with one end of a fresh socketpair; ours, or None to retry (server killed)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with contextlib.suppress(OSError):
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SNDBUF)
+        rights = [
+            (socket.SOL_SOCKET, socket.SCM_RIGHTS, theirs.fileno().to_bytes(4, sys.byteorder))
+        ]
+        try:
+            # The control socket is blocking and tiny messages always fit:
+            # a send never waits unless the server is wedged.
+            ctl.sendmsg([b"N"], rights, socket.MSG_NOSIGNAL)
+        except OSError as exc:
+            ours.close()
+            if not last:
+                with self._lock:
+                    if self._proc is not None and self._owner == os.getpid():
+                        with contextlib.suppress(OSError):
+                            self._proc.kill()
+                return None
+            raise OperationError(
+                f"cannot reach the process host: {exc.strerror}", code="failed"
+            ) from exc
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        return ours
 
 
 PROCESS_HOSTS: Final = ProcessHostServer()
