@@ -164,6 +164,7 @@ EXPECTED: dict[str, frozenset[str]] = {
             "ProgressReporter",
             "ProviderConfig",
             "ProviderSpec",
+            "SessionReclaimer",
             "SessionRef",
             "Shell",
             "SnapshotInfo",

@@ -28,16 +28,22 @@ def _dirs(boxes: Path) -> set[str]:
 
 async def _leak_and_reclaim(provider: Any, kind: str, boxes: Path) -> None:
     kept = await provider.open(ProviderConfig(kind), SessionRef("ws-other"), frozenset({"fs"}))
+    # A session whose id extends the crashed one's: its names share the prefix.
+    longer = await provider.open(
+        ProviderConfig(kind), SessionRef("ws-crashed-2"), frozenset({"fs"})
+    )
     try:
         for _ in range(2):  # two crashed opens of the same session
             await provider.open(ProviderConfig(kind), SessionRef("ws-crashed"), frozenset({"fs"}))
-        assert len(_dirs(boxes)) == 3
+        assert len(_dirs(boxes)) == 4
         assert await reclaim_session(provider, "ws-crashed") == 2
-        assert len(_dirs(boxes)) == 1
+        assert len(_dirs(boxes)) == 2
         assert await reclaim_session(provider, "ws-crashed") == 0
-        assert (await kept.workspace.fs.ls("/")) == []  # the other session's box still works
+        for other in (kept, longer):  # the other sessions' boxes still work
+            assert (await other.workspace.fs.ls("/")) == []
     finally:
         await kept.workspace.close()
+        await longer.workspace.close()
 
 
 async def test_reclaim_on_local_sandbox(tmp_path: Path) -> None:

@@ -75,6 +75,7 @@ __all__ = [
     "CodeInterpreter",
     "FileSystem",
     "OpenedWorkspace",
+    "SessionReclaimer",
     "Shell",
     "Snapshotter",
     "VersionChange",
@@ -455,6 +456,30 @@ class WorkspaceProvider(Protocol):
                 unsupported version, or its workspace is gone (never
                 ``WorkspaceEvictedError``); the first three with
                 ``transient=False``.
+        """
+        ...
+
+
+@runtime_checkable
+class SessionReclaimer(Protocol):
+    """Optional provider hook: remove what an ``open`` for a session may have left.
+
+    A ref names a workspace only once ``open`` returned it, and providers add
+    randomness to names, so a caller killed between ``open`` and recording
+    the ref cannot name the box it leaked. A service that records its intent
+    ("opening for session S") first calls this on recovery, before opening
+    again. Only the provider knows how it names what it creates, so the
+    search lives here, never in the caller.
+    """
+
+    async def reclaim_session(self, session_id: str) -> int:
+        """Remove every workspace this provider created for ``session_id``; return how many.
+
+        The caller guarantees that no live handle of that session exists (it
+        holds the session's exclusive lease), so everything found is a leak.
+        Session ids a provider cannot tell apart are one session here
+        (posix-core keeps 32 characters of ``[A-Za-z0-9_-]``): callers use
+        unique, plain ids.
         """
         ...
 

@@ -173,6 +173,29 @@ class DockerProvider:
         """Where host workspace directories live (local mode)."""
         return self._parts.layout
 
+    async def reclaim_session(self, session_id: str) -> int:
+        """Remove every workspace created for ``session_id`` (``SessionReclaimer``).
+
+        Found two ways, since a crash can come before or after the container
+        exists: containers labelled with the session (a pooled box, labelled
+        before it had a session, is not found: `corral docker gc` removes it),
+        and, in local mode, host directories named for it. Each goes the way
+        a closed workspace goes (containers, then the volume or directory).
+        """
+        names = {
+            box.labels.get(LABEL_WORKSPACE, "")
+            for box in await self.engine.list_containers(
+                {LABEL_SESSION: sanitize_session_id(session_id)}
+            )
+        }
+        remote = self.engine.remote
+        if not remote:
+            names |= set(await anyio.to_thread.run_sync(self.layout.session_workspaces, session_id))
+        found = sorted(n for n in names if self.layout.is_workspace_name(n))
+        for name in found:
+            await self._parts.remove_named(name, remote=remote)
+        return len(found)
+
     async def open(
         self,
         config: ProviderConfig,
@@ -326,21 +349,25 @@ class _DockerBuilder:
 
     async def destroy(self, payload: DockerRefPayload) -> None:
         """Remove the workspace's volume or host directory."""
+        await self.remove_named(payload.workspace, remote=payload.remote)
+
+    async def remove_named(self, name: str, *, remote: bool) -> None:
+        """Remove workspace ``name``: its containers, then its volume or host directory."""
         # Handles of other processes may still hold a container of the workspace:
         # it goes with the workspace (a remote volume would stay busy otherwise).
         try:
-            for box in await self.engine.list_containers({LABEL_WORKSPACE: payload.workspace}):
+            for box in await self.engine.list_containers({LABEL_WORKSPACE: name}):
                 await self.engine.remove(box.id)
         except EngineError:
-            if payload.remote:
+            if remote:
                 raise
             # The host directory still goes; a container left behind is gc's.
-        if payload.remote:
-            await self.engine.remove_volume(_volume(payload.workspace))
+        if remote:
+            await self.engine.remove_volume(_volume(name))
             # Process records of a remote workspace live on this host.
-            await anyio.to_thread.run_sync(remove_tree, self.layout.state_path(payload.workspace))
+            await anyio.to_thread.run_sync(remove_tree, self.layout.state_path(name))
         else:
-            await anyio.to_thread.run_sync(self.layout.remove_workspace, payload.workspace)
+            await anyio.to_thread.run_sync(self.layout.remove_workspace, name)
 
     async def build(self, ctx: BuildContext[DockerRefPayload, _Opening]) -> Modules:
         """Start (or adopt, or replace) the container, then its filesystem and shell."""

@@ -201,6 +201,17 @@ class TmpdirLayout:
         """Whether a value has the shape of a workspace directory name."""
         return isinstance(name, str) and _NAME_RE.fullmatch(name) is not None
 
+    def session_workspaces(self, session_id: str) -> list[str]:
+        """The workspaces created for ``session_id`` (by ``create_workspace``'s naming)."""
+        # Exactly the prefix and the 8-character random part: a session "a" must
+        # not take "ws-a-b-xxxxxxxx", which belongs to session "a-b".
+        mine = re.compile(re.escape(f"ws-{sanitize_session_id(session_id)}-") + r"[a-z0-9_]{8}")
+        try:
+            names = os.listdir(self.base_dir)
+        except FileNotFoundError:
+            return []
+        return sorted(n for n in names if mine.fullmatch(n) and self.is_workspace_name(n))
+
     # -- lifecycle -----------------------------------------------------------
 
     def create_workspace(self, session_id: str) -> str:

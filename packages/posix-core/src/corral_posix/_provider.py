@@ -175,6 +175,18 @@ class TmpdirWorkspaceProvider:
         """Where this provider keeps its workspaces."""
         return self._layout
 
+    async def reclaim_session(self, session_id: str) -> int:
+        """Remove every workspace created for ``session_id`` (``SessionReclaimer``).
+
+        The caller holds the session exclusively (no live handle), so each
+        directory named for the session is a leak of an ``open`` whose ref
+        was never recorded; it goes with its state, like a closed workspace.
+        """
+        names = await anyio.to_thread.run_sync(self._layout.session_workspaces, session_id)
+        for name in names:
+            await anyio.to_thread.run_sync(self._layout.remove_workspace, name)
+        return len(names)
+
     # -- hooks for subclasses --------------------------------------------------
 
     async def prepare_isolation(
