@@ -183,6 +183,15 @@ _CASES: list[tuple[Run, tuple[str, ...]]] = [
 @pytest.mark.parametrize(("run", "intended"), _CASES, ids=lambda v: getattr(v, "__name__", ""))
 def test_script_defect_fails_its_rule(run: Run, intended: tuple[str, ...]) -> None:
     report = check_provider(lambda: _BrokenScriptProvider(run), rules=SCRIPT_RULES, shrink=False)
+    if any(report.result(name).status == "pass" for name in intended):
+        # One re-run: a full CI session once saw script_sees_no_files pass against
+        # its defect in 17 ms (alone, and after the other bites, it fails it every
+        # time); the nested session shares the process with CPython 3.11.7's
+        # AST bug (see test_bites_contract). A rule that misses the defect misses
+        # it on both runs.
+        report = check_provider(
+            lambda: _BrokenScriptProvider(run), rules=SCRIPT_RULES, shrink=False
+        )
     for name in intended:
         result = report.result(name)
         assert result.status == "fail", f"{name} did not catch the defect: {result}"

@@ -109,7 +109,7 @@ def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             state = f.read().rsplit(b")", 1)[1].split()[0]
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, or gone between open and read
         return False
     return state != b"Z"
 
@@ -520,7 +520,7 @@ def _descendants_of_host(pid: int) -> list[int]:
     try:
         with open(f"/proc/{ppid}/task/{ppid}/children", "rb") as f:
             return [int(x) for x in f.read().split()]
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, or gone between open and read
         return []
 
 
