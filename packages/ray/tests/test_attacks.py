@@ -188,7 +188,9 @@ async def test_agent_and_cluster_processes_are_invisible(
         via_ray = await sh(proxied, listing)
         local = await sh(direct, listing)
         pids = [int(p) for p in via_ray.stdout.splitlines()[0].split()]
-        assert len(pids) == len(local.stdout.splitlines()[0].split())
+        # A handful, as directly (the exact count varies with the sandbox's own
+        # short-lived helpers); an unsandboxed inner sees the whole host (100+).
+        assert len(pids) <= max(16, 2 * len(local.stdout.splitlines()[0].split()))
         assert not set(pids) & set(host_pids)
         # (bwrap's own command line, pid 1, names the workspace's host directory
         # on local-sandbox directly too: that is the inner sandbox's, not a leak.)
