@@ -531,3 +531,23 @@ class Box:
             self.client.close()
         if self.server is not None:
             self.server.stop()
+
+
+# A tree with modes, private dirs and every kind of symlink (relative, to the host,
+# climbing out, dangling): what a version must carry and never follow.
+TREE_SETUP = r"""
+set -e
+mkdir -p bin private/deep
+printf '#!/bin/sh\necho ran-$1\n' > bin/tool
+chmod 755 bin/tool
+printf 'secret' > private/deep/key
+chmod 600 private/deep/key
+chmod 700 private
+printf 'hello' > plain.txt
+chmod 640 plain.txt
+ln -s tool bin/alias
+ln -s ../plain.txt bin/up
+ln -s /etc/passwd host-file
+ln -s ../../../../../../../../etc host-dir
+ln -s does/not/exist dangling
+"""

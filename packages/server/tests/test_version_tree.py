@@ -13,26 +13,11 @@ from pathlib import Path
 import pytest
 
 from corral_server import ApiError
-from server_support import Box
+from server_support import TREE_SETUP, Box
 
 pytestmark = pytest.mark.slow
 
-SETUP = r"""
-set -e
-mkdir -p bin private/deep
-printf '#!/bin/sh\necho ran-$1\n' > bin/tool
-chmod 755 bin/tool
-printf 'secret' > private/deep/key
-chmod 600 private/deep/key
-chmod 700 private
-printf 'hello' > plain.txt
-chmod 640 plain.txt
-ln -s tool bin/alias
-ln -s ../plain.txt bin/up
-ln -s /etc/passwd host-file
-ln -s ../../../../../../../../etc host-dir
-ln -s does/not/exist dangling
-"""
+SETUP = TREE_SETUP
 
 
 @pytest.fixture

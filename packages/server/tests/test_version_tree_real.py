@@ -19,27 +19,12 @@ import pytest
 
 from corral.provider import CommandRequest
 from corral_server import WorkspaceService
-from server_support import make_service
+from server_support import TREE_SETUP, make_service
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
-SETUP = r"""
-set -e
-mkdir -p bin private/deep
-printf '#!/bin/sh\necho ran-$1\n' > bin/tool
-chmod 755 bin/tool
-printf 'secret' > private/deep/key
-chmod 600 private/deep/key
-chmod 700 private
-printf 'hello' > plain.txt
-chmod 640 plain.txt
-ln -s tool bin/alias
-ln -s ../plain.txt bin/up
-ln -s /etc/passwd host-file
-ln -s ../../../../../../../../etc host-dir
-ln -s does/not/exist dangling
-ln -s -- -n dash-target
-"""
+# Plus a link whose target reads like an option.
+SETUP = TREE_SETUP + "ln -s -- -n dash-target\n"
 
 CHECK = (
     "stat -c '%n %a %F' bin/tool plain.txt private private/deep/key"
