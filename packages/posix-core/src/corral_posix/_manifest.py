@@ -72,6 +72,7 @@ key_of: Final = operator.attrgetter(
 """The :data:`Key` of a stat result, built in C."""
 _KINDS: Final[dict[str, FileType]] = {"f": "file", "d": "dir", "l": "symlink"}
 Kind = Literal["f", "d", "l"]
+_LOOKED: Final = 256
 
 
 class ManifestError(Exception):
@@ -104,6 +105,7 @@ class Manifest:
     _kids: list[dict[str, int] | None] | None = attrs.field(default=None, repr=False)
     _spans: list[tuple[int, int]] | None = attrs.field(default=None, repr=False)
     _file_bytes: int | None = attrs.field(default=None, repr=False)
+    _looked: dict[int, dict[str, int]] = attrs.field(factory=dict, repr=False)
 
     def __len__(self) -> int:
         return len(self.parent)
@@ -148,13 +150,30 @@ class Manifest:
         group = self._kids[idx]
         return {} if group is None else group
 
+    def child(self, idx: int, name: str) -> int | None:
+        """Index of the entry ``name`` in directory ``idx``, or None.
+
+        Reads at a version look paths up again and again, and mapping a
+        directory of 1,000 entries costs about 50 us, so the maps of the
+        directories looked up are kept (a bounded number; a manifest is not
+        changed once built).
+        """
+        looked = self._looked
+        kids = looked.get(idx)
+        if kids is None:
+            kids = self.children(idx)
+            if len(looked) >= _LOOKED:
+                looked.clear()
+            looked[idx] = kids
+        return kids.get(name)
+
     def lookup(self, parts: tuple[str, ...] | list[str]) -> int | None:
         """Index of the entry at an agent path's components, or None (symlinks not followed)."""
         idx = 0
         for part in parts:
             if self.kind[idx] != "d":
                 return None
-            nxt = self.children(idx).get(part)
+            nxt = self.child(idx, part)
             if nxt is None:
                 return None
             idx = nxt

@@ -832,7 +832,7 @@ class TmpdirSnapshotter:
                     f"{where(parts)} has a non-directory where a directory is needed",
                     code="not_a_directory",
                 )
-            nxt = manifest.children(idx).get(part)
+            nxt = manifest.child(idx, part)
             if nxt is None:
                 raise OperationError(
                     f"{where(parts)} does not exist in version {snapshot_id}", code="not_found"
