@@ -302,3 +302,18 @@ async def test_a_killed_snapshot_leaves_the_previous_versions_intact(
     fresh.collect_garbage()
     await fresh.restore(first.snapshot_id)
     assert await fresh.read_file_at(first.snapshot_id, "/d0/f0") == want["/d0/f0"]
+
+
+@pytest.mark.anyio
+async def test_a_version_another_process_deleted_is_not_taken_over(
+    layout: TmpdirLayout,
+) -> None:
+    """A cached previous manifest names blobs its version alone kept alive."""
+    snap, root = make(layout)
+    Path(root, "kept").write_text("unchanged content")
+    time.sleep(_versions.RACY_NS / 1e9 * 1.5)
+    first = await snap.snapshot()
+    other, _ = make(layout, os.path.basename(root))  # another process: its own caches
+    await other.delete(first.snapshot_id)  # the blob of "kept" is collected
+    second = await snap.snapshot()
+    assert await snap.read_file_at(second.snapshot_id, "/kept") == b"unchanged content"

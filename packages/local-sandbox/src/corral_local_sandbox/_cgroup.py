@@ -457,6 +457,41 @@ def workspace_cgroup(
     return cgroup
 
 
+class WorkspaceProcesses:
+    """Every process of one workspace that runs under a cgroup, read from the kernel.
+
+    Each launch of a workspace's command joins the workspace's cgroup in
+    every hierarchy before the sandbox exists (and a memory limit makes
+    that mandatory), so the cgroup's members are the processes that can
+    touch the tree. Used by the change journal to check for writable
+    shared mappings (see :mod:`corral_posix._changes`).
+
+    Args:
+        state_dir: ``<base>/state/<workspace>``.
+    """
+
+    def __init__(self, state_dir: str) -> None:
+        base_dir = os.path.dirname(os.path.dirname(state_dir))
+        self._name = cgroup_name(base_dir, os.path.basename(state_dir))
+        placements, _missing = find_placements({"memory", "pids"})
+        self._files = tuple(os.path.join(p.parent, self._name, "cgroup.procs") for p in placements)
+
+    def __call__(self) -> list[int] | None:
+        """The pids in the workspace's cgroups; None when no hierarchy can be read."""
+        if not self._files:
+            return None
+        pids: set[int] = set()
+        for path in self._files:
+            try:
+                with open(path, encoding="ascii") as fh:
+                    pids.update(int(line) for line in fh if line.strip())
+            except FileNotFoundError:
+                continue  # never made: nothing has run in that hierarchy
+            except (OSError, ValueError):
+                return None
+        return sorted(pids)
+
+
 def _record(scratch: str, paths: Sequence[str]) -> None:
     record = os.path.join(scratch, _RECORD)
     known = set((_read(record) or "").splitlines())

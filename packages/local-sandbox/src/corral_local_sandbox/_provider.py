@@ -16,6 +16,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any, ClassVar, Final
 
 import anyio
@@ -35,7 +36,13 @@ from corral_posix import (
 )
 
 from ._bwrap import BwrapWrapper
-from ._cgroup import CgroupUnavailable, WorkspaceCgroup, release_recorded, workspace_cgroup
+from ._cgroup import (
+    CgroupUnavailable,
+    WorkspaceCgroup,
+    WorkspaceProcesses,
+    release_recorded,
+    workspace_cgroup,
+)
 from ._detect import PROVIDER_ID, BwrapBackend, detect_bwrap
 from ._gitconfig import git_config_is_safe
 from ._policy import (
@@ -358,12 +365,18 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
         facts = {"backend": "seatbelt", "seccomp": False, **self._policy_facts()}
         return _Resources(wrapper, scratch, facts)
 
-    def _checker(self, root: str, state_dir: str) -> ProtectedPathChecker:
+    def _checker(self, root: str, state_dir: str, *, deep: bool = True) -> ProtectedPathChecker:
         """Build a workspace's protected-path checker and run its check (blocking).
 
         Runs at every open and resolve, and after every restore and branch:
         whatever a dead process's command, a snapshot or the host left at a
         protected path is judged before anything trusts it.
+
+        Args:
+            root: The workspace directory.
+            state_dir: Its state directory.
+            deep: Also walk the whole tree for nested repositories (False
+                after a restore that changed no path named like one).
         """
         checker = ProtectedPathChecker(
             root,
@@ -371,10 +384,25 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
             self._policy.protected_paths,
             validators={".git/config": git_config_is_safe},
         )
-        result = checker.check()
+        result = checker.check(deep=deep)
         if not result.clean:
             log.warning("a protected path of %s could not be made safe", root)
         return checker
+
+    def _tree_writers(self, state_dir: str) -> WorkspaceProcesses | None:
+        """What lets snapshots keep a change journal here, or None.
+
+        Under bubblewrap no command can make a hard link from outside the
+        workspace to a file in it (every other writable mount is a private
+        tmpfs: ``EXDEV``), and with a memory limit every command runs in the
+        workspace's cgroup, whose members the journal checks for writable
+        shared mappings. Elsewhere (macOS, or no memory limit) snapshots
+        walk the whole tree.
+        """
+        if not sys.platform.startswith("linux") or self._policy.limits.memory_bytes is None:
+            return None
+        processes = WorkspaceProcesses(state_dir)
+        return processes if processes() is not None else None
 
     async def prepare_isolation(
         self, root: str, *, state_dir: str, capabilities: frozenset[str]
@@ -399,10 +427,25 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
         def verify(new_root: str, new_state: str) -> None:
             self._checker(new_root, new_state)
 
+        tops = {p.path.split("/", 1)[0] for p in protected}
+
+        def verify_patch(new_root: str, new_state: str, names: AbstractSet[str]) -> None:
+            # Everything else was checked after the command that last changed it
+            # (a branch has nothing else); the deep walk looks for nested
+            # repositories, which need an entry named like one.
+            deep = not tops.isdisjoint(names) or any(n.startswith(".git") for n in names)
+            self._checker(new_root, new_state, deep=deep)
+
+        writers = self._tree_writers(state_dir)
+
         # Fail closed: every module but the file tools may run a command.
         if capabilities <= _NO_COMMANDS:
             return Isolation(
-                details={"backend": None}, decorate_fs=protect_fs, after_extract=verify
+                details={"backend": None},
+                decorate_fs=protect_fs,
+                after_extract=verify,
+                tree_writers=writers,
+                after_patch=verify_patch,
             )
         resources = await anyio.to_thread.run_sync(self._prepare, state_dir)
         # Where the sandbox's commands see the workspace (corral's one path namespace).
@@ -453,6 +496,8 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
             decorate_shell=protect_shell,
             decorate_fs=quota_fs,
             after_extract=verify,
+            tree_writers=writers,
+            after_patch=verify_patch,
             terminal_wrapper=_terminal_wrapper(wrapper),
             process_checks=_process_checks(checker, quota),
             script=script,

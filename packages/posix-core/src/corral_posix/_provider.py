@@ -15,7 +15,8 @@ recreating an empty directory would hide the loss of the agent's files).
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any, ClassVar, Final
 
 import anyio
@@ -80,6 +81,16 @@ class Isolation:
         script: The ``script`` module this isolation provides (fresh boxes
             that see nothing of the workspace), used when ``script`` is
             declared; None: the provider has none.
+        tree_writers: The pids of every process that may hold a file of the
+            workspace open, or None when unknown (see
+            :class:`~corral_posix.TmpdirSnapshotter`): offered only by an
+            isolation under which no process can reach the tree through a
+            hard link from outside it; snapshots and restores then keep a
+            change journal and read only what changed.
+        after_patch: Called instead of ``after_extract`` with ``(root,
+            state_dir, names)`` after a restore the change journal drove
+            (the names of the entries it changed; the rest of the tree is
+            as it was) and after a branch (the names of all its entries).
     """
 
     wrapper: CommandWrapper | None = None
@@ -91,6 +102,8 @@ class Isolation:
     terminal_wrapper: CommandWrapper | None = None
     process_checks: ProcessChecks | None = None
     script: CodeInterpreter | None = None
+    tree_writers: Callable[[], Iterable[int] | None] | None = None
+    after_patch: Callable[[str, str, AbstractSet[str]], object] | None = None
 
 
 NO_ISOLATION: Final = Isolation()
@@ -380,6 +393,8 @@ class _TmpdirBuilder:
                 fs=fs,
                 compresslevel=provider._level,
                 after_extract=isolation.after_extract,
+                tree_writers=isolation.tree_writers,
+                after_patch=isolation.after_patch,
             )
             ctx.releases.callback(snap.close)
             # A restore a crash interrupted is finished before anything uses the tree.

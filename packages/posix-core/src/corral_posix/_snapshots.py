@@ -42,7 +42,8 @@ import secrets
 import stat
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any, Final, Protocol
 
 import anyio
@@ -75,6 +76,7 @@ from corral.provider import (
 )
 
 from ._blobstore import BLOB_NAME, BlobError, LocalBlobStore, syncfs
+from ._changes import ChangeJournal, Changes
 from ._fileops import where
 from ._layout import TmpdirLayout, TmpdirRefPayload, remove_tree
 from ._manifest import (
@@ -86,7 +88,7 @@ from ._manifest import (
     referenced_blobs,
 )
 from ._tarball import extract_tree
-from ._versions import Caps, apply, scan
+from ._versions import Caps, Stale, Watch, apply, apply_changes, scan, scan_changes
 
 __all__ = ["MAX_LABEL_LENGTH", "Reattachable", "TmpdirSnapshotter", "exchange_dirs", "store_path"]
 
@@ -229,6 +231,18 @@ class TmpdirSnapshotter:
             given to (docker's container user when the host is root), so
             the workspace's user keeps owning its tree; None keeps the
             writer's.
+        tree_writers: Returns the pids of every process that may hold a
+            file of the tree open, or None when that is unknown. Given, the
+            snapshotter keeps a change journal (:mod:`corral_posix._changes`)
+            and later snapshots and restores read only what changed. Offer
+            it only where no process can write the tree through a name
+            outside it (a hard link from another mount), as a sandbox
+            guarantees; None walks the whole tree every time.
+        after_patch: Called instead of ``after_extract`` after a restore
+            the change journal drove, with ``(root, state_dir, names)``:
+            the names of the entries it wrote, created, removed or
+            re-moded (everything else is as it was before the restore), and
+            after a branch with the names of every entry it created.
     """
 
     def __init__(
@@ -243,6 +257,8 @@ class TmpdirSnapshotter:
         caps: Caps | None = None,
         max_file_bytes: int = 100 * 1024 * 1024,
         owner: tuple[int, int] | None = None,
+        tree_writers: Callable[[], Iterable[int] | None] | None = None,
+        after_patch: Callable[[str, str, AbstractSet[str]], object] | None = None,
     ) -> None:
         if not 1 <= compresslevel <= 9:
             raise ValueError("compresslevel must be between 1 and 9")
@@ -257,14 +273,26 @@ class TmpdirSnapshotter:
         self._lock = anyio.Lock()
         self._closed = False
         self._index: tuple[Manifest, int] | None = None
+        self._index_id = ""
         self._cache: OrderedDict[str, tuple[Manifest, float]] = OrderedDict()
         self._blobs: LocalBlobStore | None = None
+        self._after_patch = after_patch
+        self._changes = ChangeJournal(tree_writers) if tree_writers is not None else None
+        # The manifest the live tree equalled when the journal last committed,
+        # and the version that holds it (whose blobs its content names).
+        self._base: tuple[Manifest, str] | None = None
 
     def close(self) -> None:
         """Refuse further calls (the workspace is closing)."""
         self._closed = True
+        self._forget_base()
         if self._blobs is not None:
             self._blobs.close()
+
+    def _forget_base(self) -> None:
+        self._base = None
+        if self._changes is not None:
+            self._changes.invalidate()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -451,8 +479,21 @@ class TmpdirSnapshotter:
         log.info("snapshot: converted %s from a tarball to a version", snap_id)
         return _Meta(info, digest, 0)
 
-    def _latest_index(self) -> tuple[Manifest, int] | None:
-        """The manifest of this tree that scans trust keys from (newest version)."""
+    def _latest_index(self, *, recheck: bool = False) -> tuple[Manifest, int] | None:
+        """The manifest of this tree that scans trust keys from (newest version).
+
+        Args:
+            recheck: Drop the cached one if another process deleted its
+                version meanwhile (a scan takes over content by hash from
+                it, and those blobs may be collected): call under the
+                store's lock.
+        """
+        if (
+            recheck
+            and self._index is not None
+            and not os.path.exists(os.path.join(self._dir, f"{self._index_id}.json"))
+        ):
+            self._index = None
         if self._index is None:
             for meta in reversed(self._metas()):
                 if meta.manifest_sha256 is None:
@@ -461,6 +502,7 @@ class TmpdirSnapshotter:
                     self._index = (self._manifest(meta.info.snapshot_id)[0], meta.scan_ns)
                 except OperationError:
                     continue
+                self._index_id = meta.info.snapshot_id
                 break
         return self._index
 
@@ -482,6 +524,67 @@ class TmpdirSnapshotter:
         with self._root_fd() as root_fd:
             return scan(root_fd, prev, blobs, self._caps, scan_ns, progress=progress)
 
+    def _base_changes(self) -> tuple[Manifest, Changes] | None:
+        """The journal's base and what changed since, when both can be trusted now.
+
+        Runs under the store's shared lock: the base's version must still
+        exist (its blobs are what the base's unchanged entries name, and
+        a collection cannot run while the lock is held).
+        """
+        journal, base = self._changes, self._base
+        if journal is None or base is None:
+            return None
+        if not os.path.exists(os.path.join(self._dir, f"{base[1]}.json")):
+            self._forget_base()
+            return None
+        changes = journal.changes()
+        return None if changes is None else (base[0], changes)
+
+    def _scan_tracked(
+        self,
+        prev: Manifest | None,
+        blobs: LocalBlobStore,
+        scan_ns: int,
+        progress: ProgressReporter | None,
+    ) -> tuple[Manifest, builtins.list[str]]:
+        """:meth:`_scan_live` for a snapshot, through the change journal where there is one."""
+        journal = self._changes
+        if journal is None:
+            return self._scan_live(prev, blobs, scan_ns, progress)
+        with self._root_fd() as root_fd:
+            try:
+                found = self._base_changes()
+                if found is not None:
+                    try:
+                        out = scan_changes(
+                            root_fd,
+                            found[0],
+                            found[1],
+                            blobs=blobs,
+                            caps=self._caps,
+                            scan_ns=scan_ns,
+                            watch=Watch(journal.watch),
+                            progress=progress,
+                        )
+                    except Stale:
+                        log.info("snapshot: the change journal is stale; walking the whole tree")
+                    else:
+                        self._base = (out[0], "")  # named once the version commits
+                        return out
+                # A whole walk, which starts a new journal as it goes.
+                watch = Watch(journal.watch) if journal.start(root_fd) else None
+                out = scan(
+                    root_fd, prev, blobs, self._caps, scan_ns, progress=progress, watch=watch
+                )
+            except BaseException:
+                self._forget_base()
+                raise
+        if watch is None or watch.links or not journal.valid:
+            self._forget_base()
+        else:
+            self._base = (out[0], "")  # named once the version commits
+        return out
+
     def _snapshot_sync(
         self, label: str | None, on_progress: ProgressCallback | None
     ) -> SnapshotInfo:
@@ -495,11 +598,13 @@ class TmpdirSnapshotter:
             snap_id = f"snap-{time.time_ns():016x}-{secrets.token_hex(4)}"
             created = time.time()
             scan_ns = time.time_ns()
-            index = self._latest_index()
-            prev = index[0] if index is not None else None
             blobs = self._store()
             with self._store_lock(fcntl.LOCK_SH):
-                manifest, skipped = self._scan_live(prev, blobs, scan_ns, progress)
+                # Under the lock: the versions whose blobs a scan takes over
+                # cannot be collected until the new version commits.
+                index = self._latest_index(recheck=True)
+                prev = index[0] if index is not None else None
+                manifest, skipped = self._scan_tracked(prev, blobs, scan_ns, progress)
                 blobs.sync()
                 info = SnapshotInfo(
                     snapshot_id=snap_id,
@@ -510,7 +615,10 @@ class TmpdirSnapshotter:
                 if not os.path.isdir(self._dir):
                     raise self._evicted("the snapshot area is gone")
                 self._commit(snap_id, manifest, info, scan_ns, skipped)
+            if self._base is not None and self._base[0] is manifest:
+                self._base = (manifest, snap_id)
             self._index = (manifest, scan_ns)
+            self._index_id = snap_id
             self._cache[snap_id] = (manifest, created)
             while len(self._cache) > _CACHE:
                 self._cache.popitem(last=False)
@@ -628,18 +736,24 @@ class TmpdirSnapshotter:
         live = self._live_path()
         index = self._latest_index()
         _write_atomic(self._journal(), snapshot_id.encode())
+        written: builtins.set[str] | None = None
         with self._root_fd() as root_fd:
             try:
-                apply(
-                    root_fd,
-                    target,
-                    index[0] if index else None,
-                    self._store(),
-                    snapshot_id,
-                    owner=self._owner,
-                    progress=progress,
-                )
-            except OperationError as exc:
+                written = self._apply_tracked(root_fd, snapshot_id, target, progress)
+                if written is None:
+                    apply(
+                        root_fd,
+                        target,
+                        index[0] if index else None,
+                        self._store(),
+                        snapshot_id,
+                        owner=self._owner,
+                        progress=progress,
+                    )
+            except BaseException as exc:
+                self._forget_base()
+                if not isinstance(exc, OperationError):
+                    raise
                 # Not a crash: the walk stopped on purpose (damaged content, a
                 # tree changing under it). The journal exists to finish a crashed
                 # restore; left behind, it would replay this failure before every
@@ -651,8 +765,45 @@ class TmpdirSnapshotter:
                 ) from None
             syncfs(root_fd)
         os.unlink(self._journal())
-        if self._after_extract is not None:
+        if self._changes is not None and self._changes.valid:
+            # The tree is the target now, plus whatever the journal sees from now on
+            # (events queued during the restore are still to be read).
+            if written is None:
+                self._changes.settle()
+            self._base = (target, snapshot_id)
+        if written is not None and self._after_patch is not None:
+            self._after_patch(live, self._state, written)
+        elif self._after_extract is not None:
             self._after_extract(live, self._state)
+
+    def _apply_tracked(
+        self,
+        root_fd: int,
+        snapshot_id: str,
+        target: Manifest,
+        progress: ProgressReporter | None,
+    ) -> builtins.set[str] | None:
+        """A restore driven by the change journal: the names it changed, or None if it cannot."""
+        journal = self._changes
+        with self._store_lock(fcntl.LOCK_SH):
+            found = self._base_changes()
+        if journal is None or found is None:
+            return None
+        try:
+            return apply_changes(
+                root_fd,
+                target,
+                found[0],
+                found[1],
+                blobs=self._store(),
+                label=snapshot_id,
+                watch=Watch(journal.watch),
+                owner=self._owner,
+                progress=progress,
+            )
+        except Stale:
+            log.info("restore: the change journal is stale; comparing the whole tree")
+            return None
 
     def _recover_locked(self) -> None:
         try:
@@ -746,10 +897,12 @@ class TmpdirSnapshotter:
                 )
             finally:
                 os.close(fd)
-            if self._after_extract is not None:
-                self._after_extract(
-                    self._layout.workspace_path(new_name), self._layout.state_path(new_name)
-                )
+            new_root = self._layout.workspace_path(new_name)
+            new_state = self._layout.state_path(new_name)
+            if self._after_patch is not None:
+                self._after_patch(new_root, new_state, set(target.name))
+            elif self._after_extract is not None:
+                self._after_extract(new_root, new_state)
         except BaseException:
             self._layout.remove_workspace(new_name)
             raise

@@ -32,9 +32,11 @@ import errno
 import functools
 import hashlib
 import logging
+import operator
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from typing import Final
 
 import attrs
@@ -42,15 +44,17 @@ import attrs
 from corral.provider import OperationError, ProgressReporter
 
 from ._blobstore import BlobError, BlobStore
+from ._changes import Changes
 from ._fdtree import DirChain, _make_accessible, remove_tree_at
 from ._manifest import NO_CHILDREN, Key, Manifest, key_of, kind_of
 
-__all__ = ["Caps", "apply", "scan"]
+__all__ = ["Caps", "Stale", "Watch", "apply", "apply_changes", "scan", "scan_changes"]
 
 log = logging.getLogger("corral.posix.versions")
 
 _FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _SMALL: Final = 1 << 20
+_NLINK: Final = operator.attrgetter("st_nlink")
 RACY_NS: Final = 100_000_000
 """An entry whose mtime or ctime is this close to (or after) the scan that
 recorded it is hashed again next time: the kernel's timestamp clock ticks
@@ -66,13 +70,37 @@ class Caps:
     max_file_bytes: int = 2 * 1024**3
 
 
+class Watch:
+    """Where a journal-keeping walk reports each directory before listing it.
+
+    Args:
+        add: Called with the directory's fd (borrowed) and its path
+            relative to the root (``""`` for the root).
+
+    Attributes:
+        links: Gets an entry when a walked directory holds a regular file
+            with more than one link.
+    """
+
+    def __init__(self, add: Callable[[int, str], object]) -> None:
+        self._add = add
+        self.links: list[bool] = []
+
+    def __call__(self, dir_fd: int, rel: str) -> None:
+        self._add(dir_fd, rel)
+
+
+class Stale(Exception):
+    """The tree does not look as the change journal says: walk it whole instead."""
+
+
 def _too_large(what: str) -> OperationError:
     return OperationError(
         f"the workspace holds more than {what}; it cannot be snapshotted", code="too_large"
     )
 
 
-def _listing(fd: int) -> tuple[list[str], list[Key]]:
+def _listing(fd: int, links: list[bool] | None = None) -> tuple[list[str], list[Key]]:
     """Names and :data:`Key` s of a directory's entries, in listing order.
 
     One ``fstatat`` per entry relative to the directory fd, never following
@@ -81,18 +109,31 @@ def _listing(fd: int) -> tuple[list[str], list[Key]]:
     slices. (``listdir`` plus ``os.stat`` costs about a third less than
     ``scandir``'s ``DirEntry`` objects and their ``stat()``.) Entries that
     vanish meanwhile are left out.
+
+    Args:
+        fd: The directory (borrowed).
+        links: When given, ``True`` is appended if a regular file in the
+            directory has more than one link (a change journal cannot
+            follow writes through another name).
     """
     names = os.listdir(fd)
     lstat = functools.partial(os.stat, dir_fd=fd, follow_symlinks=False)
     try:
-        return names, list(map(key_of, map(lstat, names)))
+        stats = list(map(lstat, names))
     except FileNotFoundError:
-        found, keys = [], []
+        found, stats = [], []
         for name in names:
             with contextlib.suppress(FileNotFoundError):
-                keys.append(key_of(lstat(name)))
+                stats.append(lstat(name))
                 found.append(name)
-        return found, keys
+        names = found
+    if (
+        links is not None
+        and max(map(_NLINK, stats), default=1) > 1
+        and any(st.st_nlink > 1 and stat.S_ISREG(st.st_mode) for st in stats)
+    ):
+        links.append(True)
+    return names, list(map(key_of, stats))
 
 
 def _same_span(m: Manifest, idx: int, names: list[str], keys: list[Key]) -> tuple[int, int] | None:
@@ -191,6 +232,7 @@ class _Scan:
         self.total = 0
         self.skipped: list[str] = []
         self.dropped: list[int] = []
+        self.links: list[bool] | None = None
 
     def add(  # noqa: PLR0917 -- one positional slot per manifest column
         self, parent: int, name: str, kind: str, mode: int, size: int, data: str, key: Key | None
@@ -214,7 +256,7 @@ class _Scan:
 
     def directory(self, fd: int, me: int, old: int, base: str) -> list[tuple[str, int, int]]:
         """Record one directory's entries; return its subdirectories ``(name, new, old)``."""
-        names, keys = _listing(fd)
+        names, keys = _listing(fd, self.links)
         prev = self.prev
         if len(self.m.parent) + len(names) > self.caps.max_entries:
             raise _too_large(f"{self.caps.max_entries} entries")
@@ -322,6 +364,7 @@ def scan(
     scan_ns: int,
     *,
     progress: ProgressReporter | None = None,
+    watch: Watch | None = None,
 ) -> tuple[Manifest, list[str]]:
     """The manifest of the tree under ``root_fd``; changed files stored in ``blobs``.
 
@@ -340,6 +383,10 @@ def scan(
         progress: Advanced once per entry walked (kept or skipped); its
             total stays as given (None: a tree's size is unknown until walked).
             The caller finishes it.
+        watch: Called with each directory's fd and relative path before
+            the directory is listed (a change journal starting); the scan
+            then also notes whether the tree holds hard-linked files
+            (``watch.links``).
 
     Returns:
         The manifest and the paths skipped (special files, entries that
@@ -350,6 +397,9 @@ def scan(
     """
     sc = _Scan(prev, blobs, caps, scan_ns)
     sc.add(-1, "", "d", stat.S_IMODE(os.fstat(root_fd).st_mode), 0, "", None)
+    if watch is not None:
+        sc.links = watch.links
+        watch(root_fd, "")
     chain = DirChain(root_fd)
     # levels: (path of the directory, its subdirectories still to enter)
     first = sc.directory(root_fd, 0, 0 if prev is not None else -1, "")
@@ -375,6 +425,8 @@ def scan(
                 sc.skipped.append(path)
                 sc.dropped.append(idx)
                 continue
+            if watch is not None:
+                watch(chain.fd, path[1:])
             before = len(sc.m.parent)
             subdirs = sc.directory(chain.fd, idx, old, path)
             if progress is not None:
@@ -414,6 +466,14 @@ class _Applier:
         self.label = label
         self.owner = owner
         self.changed = 0
+        self.links: list[bool] | None = None
+        self.written: set[str] | None = None
+
+    def note(self, name: str) -> None:
+        """Count an entry changed (and remember its name when asked to)."""
+        self.changed += 1
+        if self.written is not None:
+            self.written.add(name)
 
     def own(self, dir_fd: int, name: str) -> None:
         """Hand an entry this walk created to the tree's owner (never following a link)."""
@@ -452,7 +512,7 @@ class _Applier:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dir_fd)
             raise
-        self.changed += 1
+        self.note(name)
 
     def file_matches(self, dir_fd: int, name: str, key: Key, idx: int, old: int) -> bool:
         index = self.index
@@ -598,7 +658,7 @@ def _apply_dir(ap: _Applier, dir_fd: int, t_dir: int, i_dir: int) -> list[tuple[
         if ap.progress is not None:
             ap.progress.advance(len(want))
         return _fill_dir(ap, dir_fd, want)
-    names, keys = _listing(dir_fd)
+    names, keys = _listing(dir_fd, ap.links)
     if ap.index is not None and i_dir >= 0:
         quick = _unchanged_dir(t, t_dir, ap.index, i_dir, (names, keys))
         if quick is not None:
@@ -628,7 +688,7 @@ def _fix_dir(
         return [(name, i, idx_kids[name]) for name, i in want.items() if t.kind[i] == "d"]
     for name in have.keys() - want.keys():
         remove_tree_at(dir_fd, name)
-        ap.changed += 1
+        ap.note(name)
     subdirs: list[tuple[str, int, int]] = []
     for name, idx in want.items():
         kind = t.kind[idx]
@@ -636,13 +696,13 @@ def _fix_dir(
         old = idx_kids.get(name, -1)
         if key is not None and kind_of(key[0]) != kind:
             remove_tree_at(dir_fd, name)
-            ap.changed += 1
+            ap.note(name)
             key = None
         if kind == "d":
             if key is None:
                 os.mkdir(name, 0o700, dir_fd=dir_fd)
                 ap.own(dir_fd, name)
-                ap.changed += 1
+                ap.note(name)
             sub = old if old >= 0 and index is not None and index.kind[old] == "d" else -1
             subdirs.append((name, idx, sub))
         elif kind == "l":
@@ -656,7 +716,7 @@ def _fix_dir(
                 os.unlink(name, dir_fd=dir_fd)
             os.symlink(t.data[idx], name, dir_fd=dir_fd)
             ap.own(dir_fd, name)
-            ap.changed += 1
+            ap.note(name)
         elif key is None or not ap.file_matches(dir_fd, name, key, idx, old):
             ap.write_file(dir_fd, name, idx)
         elif stat.S_IMODE(key[0]) != t.mode[idx]:
@@ -666,7 +726,7 @@ def _fix_dir(
                 if exc.errno != errno.ENOENT:
                     raise
                 ap.write_file(dir_fd, name, idx)
-            ap.changed += 1
+            ap.note(name)
     return subdirs
 
 
@@ -717,3 +777,200 @@ def _fill_dir(ap: _Applier, dir_fd: int, want: dict[str, int]) -> list[tuple[str
         ap.own(dir_fd, name)
         ap.changed += 1
     return subdirs
+
+
+class _Follow:
+    """A :class:`DirChain` moved lazily to the directories a journal-driven walk reads.
+
+    The walk visits directories depth-first; the chain follows it only
+    where a directory must be opened, so an untouched subtree costs no
+    system call and reaching a directory costs one ``openat`` per level
+    not already held.
+    """
+
+    def __init__(self, root_fd: int) -> None:
+        self.chain = DirChain(root_fd)
+        self.at: list[str] = []
+
+    def go(self, parts: tuple[str, ...]) -> int:
+        """The fd of the directory at ``parts`` (borrowed until the next call).
+
+        Raises:
+            Stale: A directory on the way is gone, not a directory, or not
+                enterable.
+        """
+        at, chain = self.at, self.chain
+        common = 0
+        while common < len(at) and common < len(parts) and at[common] == parts[common]:
+            common += 1
+        while len(at) > common:
+            chain.ascend()
+            at.pop()
+        for name in parts[common:]:
+            try:
+                outcome = chain.descend(name)
+            except OSError:
+                raise Stale from None
+            if outcome != "entered":
+                raise Stale
+            at.append(name)
+        return chain.fd
+
+    def close(self) -> None:
+        self.chain.close()
+
+
+def scan_changes(
+    root_fd: int,
+    base: Manifest,
+    changes: Changes,
+    *,
+    blobs: BlobStore | None,
+    caps: Caps,
+    scan_ns: int,
+    watch: Watch,
+    progress: ProgressReporter | None = None,
+) -> tuple[Manifest, list[str]]:
+    """:func:`scan`, reading only the directories a change journal names.
+
+    ``base`` is the manifest the tree equalled when its journal last
+    committed; directories outside ``changes`` are taken over from it
+    without a system call, the named ones are read as :func:`scan` reads
+    them (keys compared, changed files hashed), and new or moved-in
+    directories are walked whole and watched.
+
+    Raises:
+        Stale: The tree does not match the journal (a directory it keeps
+            is gone) or a read directory holds a hard-linked file (whose
+            other names the journal cannot follow): scan the whole tree.
+        OperationError: ``too_large`` over a cap.
+    """
+    sc = _Scan(base, blobs, caps, scan_ns)
+    sc.links = watch.links
+    sc.add(-1, "", "d", stat.S_IMODE(os.fstat(root_fd).st_mode), 0, "", None)
+    follow = _Follow(root_fd)
+    # (path components, new index, base index or -1, walk the whole subtree)
+    stack: list[tuple[tuple[str, ...], int, int, bool]] = [((), 0, 0, False)]
+    try:
+        while stack:
+            parts, me, old, whole = stack.pop()
+            rel = "/".join(parts)
+            whole = whole or old < 0 or rel in changes.subtrees
+            before = len(sc.m.parent)
+            if whole or rel in changes.dirs:
+                fd = follow.go(parts)
+                watch(fd, rel)
+                subdirs = sc.directory(fd, me, old, "/" + rel if rel else "")
+                if watch.links:
+                    raise Stale
+            else:
+                span = base.span(old)
+                if span is None:
+                    raise Stale
+                subdirs = sc._take_over(base, span, me)
+            if progress is not None:
+                progress.advance(len(sc.m.parent) - before)
+            stack.extend(((*parts, name), idx, sub, whole) for name, idx, sub in reversed(subdirs))
+    finally:
+        follow.close()
+    return sc.finish(), sc.skipped
+
+
+def _same_dir(a: Manifest, i: int, b: Manifest, j: int) -> list[tuple[str, int, int]] | None:
+    """``b``'s subdirectories paired with ``a``'s, when the two directories hold the same entries.
+
+    Same names, kinds, modes and content, in the same order (whole-slice
+    comparisons); None when anything differs or a span is unknown.
+    """
+    sa, sb = a.span(i), b.span(j)
+    if sa is None or sb is None:
+        return None
+    p, q = sa
+    r, t = sb
+    names = b.name[r:t]
+    if (
+        q - p != t - r
+        or a.name[p:q] != names
+        or a.data[p:q] != b.data[r:t]
+        or a.kind[p:q] != b.kind[r:t]
+        or a.mode[p:q] != b.mode[r:t]
+    ):
+        return None
+    kinds = b.kind[r:t]
+    if "d" not in kinds:
+        return []
+    return [(names[k], r + k, p + k) for k, kind in enumerate(kinds) if kind == "d"]
+
+
+def apply_changes(
+    root_fd: int,
+    target: Manifest,
+    base: Manifest,
+    changes: Changes,
+    *,
+    blobs: BlobStore,
+    label: str,
+    watch: Watch,
+    owner: tuple[int, int] | None = None,
+    progress: ProgressReporter | None = None,
+) -> set[str]:
+    """:func:`apply`, opening only the directories that differ or a journal names.
+
+    ``base`` is the manifest the tree equalled when its journal last
+    committed. A directory is left unopened when the journal saw nothing
+    in it and ``base`` records exactly the entries ``target`` wants there;
+    every other directory is brought in line as :func:`apply` does.
+
+    Returns:
+        The names of the entries written, created, removed or re-moded
+        (every other entry is as it was), so the caller can re-check just
+        what such names could be.
+
+    Raises:
+        Stale: As :func:`scan_changes` (entries before the failure may
+            already be restored; a whole-tree :func:`apply` finishes them).
+        OperationError: As :func:`apply`.
+    """
+    ap = _Applier(target, base, blobs, label, owner, progress=progress)
+    ap.written = set()
+    ap.links = watch.links
+    follow = _Follow(root_fd)
+    # (path components, target index, base index or -1, whole subtree, leaving)
+    stack: list[tuple[tuple[str, ...], int, int, bool, bool]] = [((), 0, 0, False, False)]
+    try:
+        while stack:
+            parts, t_dir, b_dir, whole, leaving = stack.pop()
+            if leaving:
+                fd = follow.go(parts)
+                if stat.S_IMODE(os.fstat(fd).st_mode) != target.mode[t_dir]:
+                    os.fchmod(fd, target.mode[t_dir])
+                    ap.changed += 1
+                continue
+            rel = "/".join(parts)
+            whole = whole or b_dir < 0 or rel in changes.subtrees
+            same = None if whole or rel in changes.dirs else _same_dir(base, b_dir, target, t_dir)
+            if same is None or base.mode[b_dir] != target.mode[t_dir]:
+                fd = follow.go(parts)
+                watch(fd, rel)
+                if stat.S_IMODE(os.fstat(fd).st_mode) & 0o700 != 0o700:
+                    os.fchmod(fd, 0o700)
+                stack.append((parts, t_dir, b_dir, whole, True))
+                subdirs = _apply_dir(ap, fd, t_dir, b_dir)
+                if watch.links:
+                    raise Stale
+            else:
+                if progress is not None:
+                    progress.advance(_count(target, t_dir))
+                subdirs = same
+            stack.extend(
+                ((*parts, name), t_idx, b_idx, whole, False)
+                for name, t_idx, b_idx in reversed(subdirs)
+            )
+    finally:
+        follow.close()
+    return ap.written
+
+
+def _count(m: Manifest, idx: int) -> int:
+    span = m.span(idx)
+    return 0 if span is None else span[1] - span[0]
