@@ -9,9 +9,11 @@ no event). Both are exercised from inside the sandbox.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -144,5 +146,96 @@ async def test_a_background_process_writing_through_a_mapping_is_not_missed(
         data = await snap.read_file_at(info.snapshot_id, "/d/mapped")
         assert data[:5] == b"hello"
         await pm.kill(started.process_id)
+    finally:
+        await ws.close()
+
+
+def _sibling(name: str) -> ModuleType:
+    """Import a test module beside this one (``--import-mode=importlib`` puts none on the path)."""
+    path = Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_corral_sandbox_journal_{name}", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_protect_races = _sibling("test_protect_races")
+_process_races = _sibling("test_process_races")
+canary = _protect_races.canary  # the fixture: a host directory no command may reach
+
+# Runs inside the sandbox: exchanges the versioned directory "d" with a symlink
+# to the host's canary (renameat2 RENAME_EXCHANGE, so "d" is never absent) and
+# writes into whatever "d" is, while the host snapshots and restores.
+_EXCHANGER = """
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+end = time.time() + {seconds}
+n = 0
+while time.time() < end:
+    try:
+        if not os.path.lexists("l"):
+            os.symlink({target!r}, "l")
+        libc.renameat2(-100, b"l", -100, b"d", 2)
+        n += 1
+        if not os.path.islink("d"):
+            with open("d/f%d" % (n % 5), "w") as fh:
+                fh.write("written by the race %d" % n)
+        time.sleep(0.001)
+        libc.renameat2(-100, b"l", -100, b"d", 2)
+    except OSError:
+        time.sleep(0.001)
+print("swapped", n, flush=True)
+"""
+
+
+async def test_versions_race_a_directory_swapped_for_a_symlink_from_inside(
+    tmp_path: Path, canary: Path
+) -> None:
+    base = tmp_path / "base"
+    provider = _Provider(tmpdir_root=str(base))
+    opened = await provider.open(corral.ProviderConfig("local-sandbox"), corral.SessionRef("r"))
+    ws = opened.workspace
+    snap, pm, fs = ws.snapshot, ws.module("process"), ws.fs
+    assert isinstance(snap, TmpdirSnapshotter)
+    assert isinstance(pm, ProcessManager)
+    assert fs is not None
+    root = str(ws.details()["root"])
+    before = _process_races._outside(tmp_path, base)
+    rounds = refused = 0
+    try:
+        for i in range(5):
+            await fs.write_file(f"d/f{i}", b"versioned\n")
+        script = _EXCHANGER.format(
+            seconds=_protect_races.TOGGLE_SECONDS, target=os.path.relpath(canary, root)
+        )
+        await fs.write_file("x.py", script.encode())  # in the version: restores keep it
+        first = await snap.snapshot("first")
+        with _process_races._watched(canary) as events:
+            info = await pm.start(ProcessRequest("/usr/bin/python3 x.py", timeout_s=60))
+            while (await pm.info(info.process_id)).state == "running":
+                try:
+                    if rounds % 2:
+                        await snap.restore(first.snapshot_id)
+                    else:
+                        await snap.snapshot()
+                except corral.OperationError:
+                    refused += 1  # "the workspace changed while it was being restored"
+                rounds += 1
+            await pm.kill(info.process_id)
+        out = await pm.read(info.process_id, "stdout", cursor=0, wait_s=5)
+        err = await pm.read(info.process_id, "stderr", cursor=0, wait_s=5)
+        assert out.data.startswith(b"swapped "), (out.data, err.data, refused, rounds)
+        assert int(out.data.split()[1]) > 100, "the race was not really run"
+        assert rounds > 50, "the race was not really run"
+        assert events == []  # the canary was never opened, read, listed or written
+        _protect_races._assert_canary_untouched(canary)
+        assert _process_races._outside(tmp_path, base) == before
+        # Once the race is over, versions are exact again.
+        await snap.restore(first.snapshot_id)
+        assert _fresh_scan(root) == _version(snap, first.snapshot_id)
+        last = await snap.snapshot()
+        assert _version(snap, last.snapshot_id) == _fresh_scan(root)
     finally:
         await ws.close()

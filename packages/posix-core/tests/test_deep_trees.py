@@ -15,12 +15,14 @@ import resource
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from corral import RegexModuleEngine
 from corral.provider import GrepOptions, OperationError
 from corral_posix import TmpdirFileSystem, TmpdirLayout, remove_tree
+from corral_posix import _fdtree
 from corral_posix import _layout as layout_module
 from corral_posix._fdtree import DIR_FLAGS, DirChain, remove_tree_at
 
@@ -268,3 +270,43 @@ def test_sweep_removes_a_deep_leftover_and_close_leaves_no_trash(tmp_path: Path)
     with few_fds():
         layout.remove_workspace(name)
     assert [n for n in os.listdir(layout.base_dir) if n != "state"] == []
+
+
+@pytest.mark.parametrize("became", ["dir", "symlink"])
+def test_remove_tree_at_follows_an_entry_swapped_between_look_and_act(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, became: str
+) -> None:
+    """A rename exchange between the type check and the unlink/rmdir: look again."""
+    parent = tmp_path / "p"
+    parent.mkdir()
+    target = parent / "x"
+    if became == "dir":
+        target.write_text("a file when looked at")
+    else:
+        target.mkdir()
+        (target / "inner").write_text("a directory when looked at")
+    real_stat = _fdtree.os.stat
+    swapped = []
+
+    def stat_then_swap(*args: Any, **kwargs: Any) -> os.stat_result:
+        st = real_stat(*args, **kwargs)
+        if not swapped and args and args[0] == "x":
+            swapped.append(True)  # what a process inside does right after the look
+            if became == "dir":
+                target.unlink()
+                target.mkdir()
+                (target / "planted").write_text("now a directory")
+            else:
+                remove_tree(str(target))
+                target.symlink_to("/etc")
+        return st
+
+    monkeypatch.setattr(_fdtree.os, "stat", stat_then_swap)
+    fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        _fdtree.remove_tree_at(fd, "x")
+    finally:
+        os.close(fd)
+    assert swapped
+    assert not os.path.lexists(target)
+    assert os.path.isdir("/etc")

@@ -32,6 +32,10 @@ _PATH_FLAGS: Final = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _GONE: Final = frozenset({errno.ENOENT, errno.ELOOP, errno.ENOTDIR})
 _DENIED: Final = frozenset({errno.EACCES, errno.EPERM})
 _MAX_REFILLS: Final = 1000
+_MAX_SWAPS: Final = 100
+# unlink of what became a directory, rmdir of what stopped being one, or of a
+# directory something was swapped into after it was emptied
+_SWAPPED: Final = frozenset({errno.EISDIR, errno.ENOTDIR, errno.ENOTEMPTY})
 
 Descent = Literal["entered", "gone", "loop"]
 
@@ -233,13 +237,31 @@ def remove_tree_at(parent_fd: int, name: str) -> None:
         OperationError: The tree was moved concurrently so that the removal
             cannot safely go on, or kept refilling while being removed.
     """
-    try:
-        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        _retry_writable(parent_fd, "unlink", name)
-        return
+    # A process may swap the entry between a directory and anything else at
+    # any moment (rename exchange): every step that acts on its type looks
+    # again when the kernel says the type changed, a bounded number of times.
+    for _ in range(_MAX_SWAPS):
+        try:
+            st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        try:
+            if stat.S_ISDIR(st.st_mode):
+                _remove_dir_at(parent_fd, name)
+            else:
+                _retry_writable(parent_fd, "unlink", name)
+        except OSError as exc:
+            if exc.errno not in _SWAPPED:
+                raise
+        else:
+            return
+    raise OperationError(
+        "an entry kept changing between a directory and a file while it was being removed",
+        code="failed",
+    )
+
+
+def _remove_dir_at(parent_fd: int, name: str) -> None:
     try:
         top = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     except OSError as exc:
@@ -283,7 +305,8 @@ def _empty_tree(top: int) -> None:
             try:
                 _retry_writable(chain.fd, "rmdir", done)
             except OSError as exc:
-                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                # ENOTDIR: swapped for a symlink or file since it was entered.
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
                     raise
                 refills += 1
                 if refills > _MAX_REFILLS:

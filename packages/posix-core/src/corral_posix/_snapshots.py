@@ -102,6 +102,10 @@ _STORE: Final = "store"
 _LOCK: Final = "versions.lock"
 _JOURNAL: Final = "restore.journal"
 _CACHE: Final = 4
+_RACED: Final = frozenset(
+    {errno.EEXIST, errno.EISDIR, errno.ENOTDIR, errno.ENOTEMPTY, errno.ENOENT, errno.ELOOP}
+)
+_CHANGED_WHILE_RESTORING: Final = "the workspace changed while it was being restored; try again"
 _MANIFEST_BYTES_PER_ENTRY: Final = 4400
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -752,7 +756,12 @@ class TmpdirSnapshotter:
                     )
             except BaseException as exc:
                 self._forget_base()
-                if not isinstance(exc, OperationError):
+                stopped = exc
+                if isinstance(exc, OSError) and exc.errno in _RACED:
+                    # A command changed the type or presence of an entry between
+                    # the walk's look and its act (a rename exchange from inside).
+                    stopped = OperationError(_CHANGED_WHILE_RESTORING, code="failed")
+                if not isinstance(stopped, OperationError):
                     raise
                 # Not a crash: the walk stopped on purpose (damaged content, a
                 # tree changing under it). The journal exists to finish a crashed
@@ -760,8 +769,9 @@ class TmpdirSnapshotter:
                 # later snapshot or restore and lock the workspace up.
                 os.unlink(self._journal())
                 raise OperationError(
-                    f"{exc}; the restore stopped there (entries before it may already be restored)",
-                    code=exc.code,
+                    f"{stopped}; the restore stopped there "
+                    "(entries before it may already be restored)",
+                    code=stopped.code,
                 ) from None
             syncfs(root_fd)
         os.unlink(self._journal())
