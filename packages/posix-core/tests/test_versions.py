@@ -12,6 +12,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -317,3 +318,67 @@ async def test_a_version_another_process_deleted_is_not_taken_over(
     await other.delete(first.snapshot_id)  # the blob of "kept" is collected
     second = await snap.snapshot()
     assert await snap.read_file_at(second.snapshot_id, "/kept") == b"unchanged content"
+
+
+def _damage(path: Path) -> None:
+    path.chmod(0o600)
+    with open(path, "r+b") as fh:
+        first = fh.read(1)
+        fh.seek(0)
+        fh.write(bytes([first[0] ^ 0xFF]))
+    path.chmod(0o400)
+
+
+@pytest.mark.parametrize("read", ["read_verified", "copy_verified"])
+def test_a_blob_verified_before_is_hashed_again_once_its_file_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read: str
+) -> None:
+    """Verification is skipped only for a blob file that is unchanged since it hashed right."""
+    import hashlib
+
+    from corral_posix import _blobstore
+
+    store = _blobstore.LocalBlobStore(str(tmp_path / "store"))
+    data = b"verified content\n" * 100
+    digest = hashlib.sha256(data).hexdigest()
+    store.put(digest, data)
+    blob = tmp_path / "store" / digest[:2] / digest[2:]
+    old = time.time() - 10
+    os.utime(blob, (old, old))  # settled: no later change can keep its times
+    time.sleep(_blobstore._SETTLED_NS / 1e9 * 1.5)  # and its ctime with it
+    hashed: list[int] = []
+    real = hashlib.sha256
+
+    def counting(*args: bytes) -> Any:
+        hashed.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(_blobstore.hashlib, "sha256", counting)
+
+    def do() -> bytes:
+        if read == "read_verified":
+            return store.read_verified(digest, 1 << 20)
+        out = tmp_path / f"out{len(hashed)}-{time.time_ns()}"
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            store.copy_verified(digest, fd, len(data))
+        finally:
+            os.close(fd)
+        return out.read_bytes()
+
+    assert do() == data
+    assert len(hashed) == 1
+    assert do() == data
+    assert len(hashed) == 1  # unchanged since verified: not hashed again
+    _damage(blob)
+    with pytest.raises(_blobstore.BlobError) as caught:
+        do()
+    assert caught.value.reason == "corrupt"
+    # A blob damaged right after it was written is caught too (times too recent to trust).
+    data2 = b"fresh\n"
+    digest2 = hashlib.sha256(data2).hexdigest()
+    store.put(digest2, data2)
+    assert store.read_verified(digest2, 100) == data2
+    _damage(tmp_path / "store" / digest2[:2] / digest2[2:])
+    with pytest.raises(_blobstore.BlobError):
+        store.read_verified(digest2, 100)
