@@ -129,7 +129,14 @@ def clone_or_copy(src_fd: int, dst_fd: int) -> bool:
 
 
 _Ident = tuple[int, int, int, int, int]
-_VERIFIED_MAX: Final = 1 << 18
+_VERIFIED_MAX: Final = 1 << 17
+# digest -> identity of the blob file when its content last hashed right, for
+# every store of the process (the identity names the file, so stores cannot
+# mix). Blobs are never written in place (created 0400, renamed in), and any
+# change to a file moves its ctime, which no process can set back: a blob
+# whose identity is unchanged holds the bytes that were verified. Bounded
+# (about 30 MB at most), emptied when full.
+_VERIFIED: Final[dict[str, _Ident]] = {}
 _SETTLED_NS: Final = 200_000_000
 
 
@@ -156,11 +163,6 @@ class LocalBlobStore:
         # Whether FICLONE may work here: one refusal settles it for the store,
         # so a filesystem without reflinks does not pay a failing ioctl per file.
         self._can_clone = True
-        # digest -> identity of the blob file when its content last hashed right.
-        # Blobs are never written in place (created 0400, renamed in), and any
-        # change to a file moves its ctime, which no process can set back: a
-        # blob whose identity is unchanged holds the bytes that were verified.
-        self._verified: dict[str, _Ident] = {}
 
     def close(self) -> None:
         """Release the store's directory fd (reopened on demand)."""
@@ -287,9 +289,9 @@ class LocalBlobStore:
         # recognised by them later (git's "racily clean" rule).
         if time.time_ns() - max(ident[3], ident[4]) < _SETTLED_NS:
             return
-        if len(self._verified) >= _VERIFIED_MAX:
-            self._verified.clear()
-        self._verified[digest] = ident
+        if len(_VERIFIED) >= _VERIFIED_MAX:
+            _VERIFIED.clear()
+        _VERIFIED[digest] = ident
 
     def copy_verified(self, digest: str, dst_fd: int, size_hint: int = 0) -> int:
         """Copy (or reflink) the blob into ``dst_fd``, verifying every byte.
@@ -301,12 +303,12 @@ class LocalBlobStore:
         src = self._open(digest)
         try:
             before = _ident(os.fstat(src))
-            if self._verified.get(digest) == before:
+            if _VERIFIED.get(digest) == before:
                 size = self._copy_plain(src, dst_fd, before[2])
                 if _ident(os.fstat(src)) == before:
                     return size
                 # Changed while copied: start over, hashing this time.
-                del self._verified[digest]
+                _VERIFIED.pop(digest, None)
                 os.lseek(src, 0, os.SEEK_SET)
                 os.lseek(dst_fd, 0, os.SEEK_SET)
                 os.ftruncate(dst_fd, 0)
@@ -331,7 +333,7 @@ class LocalBlobStore:
         finally:
             os.close(src)
         if hasher.hexdigest() != digest:
-            self._verified.pop(digest, None)
+            _VERIFIED.pop(digest, None)
             raise BlobError(digest, "corrupt")
         if after == before:
             self._trust(digest, before)
@@ -373,10 +375,10 @@ class LocalBlobStore:
         whole = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if len(whole) > max_bytes:
             raise BlobError(digest, "corrupt")
-        if after == before and self._verified.get(digest) == before:
+        if after == before and _VERIFIED.get(digest) == before:
             return whole
         if hashlib.sha256(whole).hexdigest() != digest:
-            self._verified.pop(digest, None)
+            _VERIFIED.pop(digest, None)
             raise BlobError(digest, "corrupt")
         if after == before:
             self._trust(digest, before)
