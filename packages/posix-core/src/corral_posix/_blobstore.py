@@ -24,6 +24,7 @@ import hashlib
 import os
 import re
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from typing import Final, Protocol
@@ -160,15 +161,21 @@ class LocalBlobStore:
         self.root = root
         os.makedirs(os.path.join(root, "tmp"), mode=0o700, exist_ok=True)
         self._root_fd: int | None = None
+        self._retired: list[int] = []
+        self._lock = threading.Lock()
         # Whether FICLONE may work here: one refusal settles it for the store,
         # so a filesystem without reflinks does not pay a failing ioctl per file.
         self._can_clone = True
 
     def close(self) -> None:
         """Release the store's directory fd (reopened on demand)."""
-        if self._root_fd is not None:
-            os.close(self._root_fd)
-            self._root_fd = None
+        with self._lock:
+            fds, self._retired = self._retired, []
+            if self._root_fd is not None:
+                fds.append(self._root_fd)
+                self._root_fd = None
+        for fd in fds:
+            os.close(fd)
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
@@ -268,15 +275,27 @@ class LocalBlobStore:
             raise BlobError(digest if digest.isalnum() else "?", "missing")
         rel = f"{digest[:2]}/{digest[2:]}"
         for attempt in range(2):
-            if self._root_fd is None:
-                self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            root_fd = self._root_fd
+            if root_fd is None:
+                with self._lock:  # branches read blobs on several threads
+                    if self._root_fd is None:
+                        self._root_fd = os.open(
+                            self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+                        )
+                    root_fd = self._root_fd
             try:
                 # Relative to the store's fd: two lookups, not the whole path's.
-                return os.open(rel, _READ, dir_fd=self._root_fd)
+                return os.open(rel, _READ, dir_fd=root_fd)
             except FileNotFoundError:
-                if attempt or os.fstat(self._root_fd).st_nlink:
+                if attempt or os.fstat(root_fd).st_nlink:
                     raise BlobError(digest, "missing") from None
-                self.close()  # the store directory was replaced: look it up again
+                # The store directory was replaced: look it up again. The old fd
+                # stays open until close(): another thread may be using it, and a
+                # closed number could be reused under it.
+                with self._lock:
+                    if self._root_fd == root_fd:
+                        self._retired.append(root_fd)
+                        self._root_fd = None
             except OSError as exc:
                 if exc.errno == errno.ELOOP:
                     raise BlobError(digest, "corrupt") from None

@@ -27,6 +27,7 @@ straight under the final names of a tree nobody else sees yet.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
 import functools
@@ -36,6 +37,7 @@ import operator
 import os
 import secrets
 import stat
+import threading
 from collections.abc import Callable
 from typing import Final
 
@@ -55,6 +57,10 @@ log = logging.getLogger("corral.posix.versions")
 _FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _SMALL: Final = 1 << 20
 _NLINK: Final = operator.attrgetter("st_nlink")
+_COPY_THREADS: Final = 2
+_IN_FLIGHT: Final = 8
+_COPY_IN_THREADS_FROM: Final = 256
+"""A branch with at least this many files writes them on threads."""
 RACY_NS: Final = 100_000_000
 """An entry whose mtime or ctime is this close to (or after) the scan that
 recorded it is hashed again next time: the kernel's timestamp clock ticks
@@ -468,6 +474,7 @@ class _Applier:
         self.changed = 0
         self.links: list[bool] | None = None
         self.written: set[str] | None = None
+        self.copier: _Copier | None = None
 
     def note(self, name: str) -> None:
         """Count an entry changed (and remember its name when asked to)."""
@@ -542,7 +549,6 @@ class _Applier:
             raise self.fail(idx, exc) from None
         finally:
             os.close(fd)
-        self.changed += 1
 
 
 def _umask() -> int | None:
@@ -608,46 +614,55 @@ def apply(
             written from it), or the tree cannot be changed.
     """
     ap = _Applier(target, index, blobs, label, owner, progress=progress, fresh=fresh)
+    if fresh and target.kind.count("f") >= _COPY_IN_THREADS_FROM:
+        ap.copier = _Copier(ap)
     chain = DirChain(root_fd)
-    if stat.S_IMODE(os.fstat(root_fd).st_mode) & 0o700 != 0o700:
-        os.fchmod(root_fd, 0o700)
-    # levels: (target dir index, index dir index or -1, subdirectories still to enter)
-    levels: list[tuple[int, int, list[tuple[str, int, int]]]] = [
-        (
-            0,
-            0 if index is not None else -1,
-            _apply_dir(ap, chain.fd, 0, 0 if index is not None else -1),
-        )
-    ]
     try:
-        while levels:
-            t_dir, _i_dir, pending = levels[-1]
-            if pending:
-                name, t_idx, i_idx = pending.pop()
-                try:
-                    outcome = chain.descend(name)
-                except PermissionError:
-                    _make_accessible(chain.fd, name)
-                    outcome = chain.descend(name)
-                if outcome != "entered":
-                    raise OperationError(
-                        "the workspace changed while it was being restored; try again",
-                        code="failed",
-                    )
-                if stat.S_IMODE(os.fstat(chain.fd).st_mode) & 0o700 != 0o700:
-                    os.fchmod(chain.fd, 0o700)
-                levels.append((t_idx, i_idx, _apply_dir(ap, chain.fd, t_idx, i_idx)))
-                continue
-            levels.pop()
-            want = target.mode[t_dir]
-            if stat.S_IMODE(os.fstat(chain.fd).st_mode) != want:
-                os.fchmod(chain.fd, want)
-                ap.changed += 1
-            if levels:
-                chain.ascend()
+        _apply_walk(ap, chain, index is not None)
+        if ap.copier is not None:
+            ap.copier.finish()
     finally:
+        if ap.copier is not None:
+            ap.copier.close()
         chain.close()
     return ap.changed
+
+
+def _apply_walk(ap: _Applier, chain: DirChain, indexed: bool) -> None:
+    target = ap.t
+    if stat.S_IMODE(os.fstat(chain.fd).st_mode) & 0o700 != 0o700:
+        os.fchmod(chain.fd, 0o700)
+    # levels: (target dir index, index dir index or -1, subdirectories still to enter)
+    levels: list[tuple[int, int, list[tuple[str, int, int]]]] = [
+        (0, 0 if indexed else -1, _apply_dir(ap, chain.fd, 0, 0 if indexed else -1))
+    ]
+    while levels:
+        t_dir, _i_dir, pending = levels[-1]
+        if pending:
+            name, t_idx, i_idx = pending.pop()
+            try:
+                outcome = chain.descend(name)
+            except PermissionError:
+                _make_accessible(chain.fd, name)
+                outcome = chain.descend(name)
+            if outcome != "entered":
+                raise OperationError(
+                    "the workspace changed while it was being restored; try again",
+                    code="failed",
+                )
+            if stat.S_IMODE(os.fstat(chain.fd).st_mode) & 0o700 != 0o700:
+                os.fchmod(chain.fd, 0o700)
+            levels.append((t_idx, i_idx, _apply_dir(ap, chain.fd, t_idx, i_idx)))
+            continue
+        levels.pop()
+        want = target.mode[t_dir]
+        if stat.S_IMODE(os.fstat(chain.fd).st_mode) != want:
+            if ap.copier is not None and want & 0o700 != 0o700:
+                ap.copier.drain()  # its files must be in before it turns read-only
+            os.fchmod(chain.fd, want)
+            ap.changed += 1
+        if levels:
+            chain.ascend()
 
 
 def _apply_dir(ap: _Applier, dir_fd: int, t_dir: int, i_dir: int) -> list[tuple[str, int, int]]:
@@ -764,10 +779,16 @@ def _fill_dir(ap: _Applier, dir_fd: int, want: dict[str, int]) -> list[tuple[str
     """Create every entry of a directory of a new tree (a branch): nothing to compare."""
     t = ap.t
     subdirs: list[tuple[str, int, int]] = []
+    files = [(name, idx) for name, idx in want.items() if t.kind[idx] == "f"]
+    if files:
+        ap.changed += len(files)
+        if ap.copier is not None:
+            ap.copier.submit(dir_fd, files)
+        else:
+            _create_files(ap, dir_fd, files)
     for name, idx in want.items():
         kind = t.kind[idx]
         if kind == "f":
-            ap.create_file(dir_fd, name, idx)
             continue
         if kind == "d":
             os.mkdir(name, 0o700, dir_fd=dir_fd)
@@ -777,6 +798,68 @@ def _fill_dir(ap: _Applier, dir_fd: int, want: dict[str, int]) -> list[tuple[str
         ap.own(dir_fd, name)
         ap.changed += 1
     return subdirs
+
+
+def _create_files(ap: _Applier, dir_fd: int, files: list[tuple[str, int]]) -> None:
+    for name, idx in files:
+        ap.create_file(dir_fd, name, idx)
+
+
+class _Copier:
+    """Writes the files of a branch's directories on a few threads while the walk goes on.
+
+    A file's creation is mostly system calls (open, copy, close) that run
+    without the GIL, so a couple of threads overlap them. Each batch gets
+    its own duplicate of its directory's fd; at most ``_IN_FLIGHT`` are
+    open at once, so the walk stays fd-bounded at any depth.
+    """
+
+    def __init__(self, ap: _Applier) -> None:
+        self._ap = ap
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=_COPY_THREADS, thread_name_prefix="corral-branch"
+        )
+        self._slots = threading.BoundedSemaphore(_IN_FLIGHT)
+        self._futures: list[concurrent.futures.Future[None]] = []
+
+    def submit(self, dir_fd: int, files: list[tuple[str, int]]) -> None:
+        """Queue one directory's files (``dir_fd`` is borrowed; a duplicate travels)."""
+        for done in [f for f in self._futures if f.done()]:
+            done.result()  # the first failure stops the walk
+            self._futures.remove(done)
+        self._slots.acquire()
+        try:
+            fd = os.dup(dir_fd)
+        except BaseException:
+            self._slots.release()
+            raise
+        self._futures.append(self._pool.submit(self._run, fd, files))
+
+    def _run(self, fd: int, files: list[tuple[str, int]]) -> None:
+        try:
+            _create_files(self._ap, fd, files)
+        finally:
+            os.close(fd)
+            self._slots.release()
+
+    def drain(self) -> None:
+        """Wait for every batch queued so far; raise the first failure."""
+        for future in self._futures:
+            future.result()
+        self._futures.clear()
+
+    def finish(self) -> None:
+        """Wait for every batch; raise the first failure."""
+        try:
+            self.drain()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop taking batches and wait for those running (the tree may be removed next)."""
+        for future in self._futures:
+            future.cancel()
+        self._pool.shutdown(wait=True)
 
 
 class _Follow:
