@@ -382,3 +382,32 @@ def test_a_blob_verified_before_is_hashed_again_once_its_file_changes(
     _damage(tmp_path / "store" / digest2[:2] / digest2[2:])
     with pytest.raises(_blobstore.BlobError):
         store.read_verified(digest2, 100)
+
+
+@pytest.mark.anyio
+async def test_a_branch_names_the_damaged_file_and_leaves_no_tree(layout: TmpdirLayout) -> None:
+    snap, root = make(layout)
+    for i in range(300):  # a whole directory written in one loop
+        Path(root, f"f{i:03d}").write_text(f"file {i}\n")
+    info = await snap.snapshot()
+    before = set(os.listdir(layout.base_dir))
+    await snap.conformance_damage(info.snapshot_id, "/f123", "corrupt")
+    with pytest.raises(OperationError) as caught:
+        await snap.branch(info.snapshot_id)
+    assert "/f123" in str(caught.value)
+    assert info.snapshot_id in str(caught.value)
+    assert set(os.listdir(layout.base_dir)) == before  # the partial branch was removed
+
+
+def test_write_files_refuses_a_name_that_is_not_a_digest(tmp_path: Path) -> None:
+    from corral_posix import _blobstore
+
+    store = _blobstore.LocalBlobStore(str(tmp_path / "store"))
+    out = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for bad in ("../" * 20 + "etc/passwd", "A" * 64, "0" * 63):
+            with pytest.raises(_blobstore.BlobError):
+                store.write_files(out, [("x", bad, 1, 0o644)], umask=None, owner=None)
+    finally:
+        os.close(out)
+    assert not (tmp_path / "x").exists()

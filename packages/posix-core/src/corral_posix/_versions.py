@@ -27,7 +27,6 @@ straight under the final names of a tree nobody else sees yet.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import errno
 import functools
@@ -37,7 +36,6 @@ import operator
 import os
 import secrets
 import stat
-import threading
 from collections.abc import Callable
 from typing import Final
 
@@ -57,10 +55,6 @@ log = logging.getLogger("corral.posix.versions")
 _FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _SMALL: Final = 1 << 20
 _NLINK: Final = operator.attrgetter("st_nlink")
-_COPY_THREADS: Final = 2
-_IN_FLIGHT: Final = 8
-_COPY_IN_THREADS_FROM: Final = 256
-"""A branch with at least this many files writes them on threads."""
 RACY_NS: Final = 100_000_000
 """An entry whose mtime or ctime is this close to (or after) the scan that
 recorded it is hashed again next time: the kernel's timestamp clock ticks
@@ -474,7 +468,6 @@ class _Applier:
         self.changed = 0
         self.links: list[bool] | None = None
         self.written: set[str] | None = None
-        self.copier: _Copier | None = None
 
     def note(self, name: str) -> None:
         """Count an entry changed (and remember its name when asked to)."""
@@ -614,16 +607,10 @@ def apply(
             written from it), or the tree cannot be changed.
     """
     ap = _Applier(target, index, blobs, label, owner, progress=progress, fresh=fresh)
-    if fresh and target.kind.count("f") >= _COPY_IN_THREADS_FROM:
-        ap.copier = _Copier(ap)
     chain = DirChain(root_fd)
     try:
         _apply_walk(ap, chain, index is not None)
-        if ap.copier is not None:
-            ap.copier.finish()
     finally:
-        if ap.copier is not None:
-            ap.copier.close()
         chain.close()
     return ap.changed
 
@@ -657,8 +644,6 @@ def _apply_walk(ap: _Applier, chain: DirChain, indexed: bool) -> None:
         levels.pop()
         want = target.mode[t_dir]
         if stat.S_IMODE(os.fstat(chain.fd).st_mode) != want:
-            if ap.copier is not None and want & 0o700 != 0o700:
-                ap.copier.drain()  # its files must be in before it turns read-only
             os.fchmod(chain.fd, want)
             ap.changed += 1
         if levels:
@@ -782,10 +767,7 @@ def _fill_dir(ap: _Applier, dir_fd: int, want: dict[str, int]) -> list[tuple[str
     files = [(name, idx) for name, idx in want.items() if t.kind[idx] == "f"]
     if files:
         ap.changed += len(files)
-        if ap.copier is not None:
-            ap.copier.submit(dir_fd, files)
-        else:
-            _create_files(ap, dir_fd, files)
+        _create_files(ap, dir_fd, files)
     for name, idx in want.items():
         kind = t.kind[idx]
         if kind == "f":
@@ -801,65 +783,18 @@ def _fill_dir(ap: _Applier, dir_fd: int, want: dict[str, int]) -> list[tuple[str
 
 
 def _create_files(ap: _Applier, dir_fd: int, files: list[tuple[str, int]]) -> None:
-    for name, idx in files:
-        ap.create_file(dir_fd, name, idx)
-
-
-class _Copier:
-    """Writes the files of a branch's directories on a few threads while the walk goes on.
-
-    A file's creation is mostly system calls (open, copy, close) that run
-    without the GIL, so a couple of threads overlap them. Each batch gets
-    its own duplicate of its directory's fd; at most ``_IN_FLIGHT`` are
-    open at once, so the walk stays fd-bounded at any depth.
-    """
-
-    def __init__(self, ap: _Applier) -> None:
-        self._ap = ap
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=_COPY_THREADS, thread_name_prefix="corral-branch"
-        )
-        self._slots = threading.BoundedSemaphore(_IN_FLIGHT)
-        self._futures: list[concurrent.futures.Future[None]] = []
-
-    def submit(self, dir_fd: int, files: list[tuple[str, int]]) -> None:
-        """Queue one directory's files (``dir_fd`` is borrowed; a duplicate travels)."""
-        for done in [f for f in self._futures if f.done()]:
-            done.result()  # the first failure stops the walk
-            self._futures.remove(done)
-        self._slots.acquire()
-        try:
-            fd = os.dup(dir_fd)
-        except BaseException:
-            self._slots.release()
-            raise
-        self._futures.append(self._pool.submit(self._run, fd, files))
-
-    def _run(self, fd: int, files: list[tuple[str, int]]) -> None:
-        try:
-            _create_files(self._ap, fd, files)
-        finally:
-            os.close(fd)
-            self._slots.release()
-
-    def drain(self) -> None:
-        """Wait for every batch queued so far; raise the first failure."""
-        for future in self._futures:
-            future.result()
-        self._futures.clear()
-
-    def finish(self) -> None:
-        """Wait for every batch; raise the first failure."""
-        try:
-            self.drain()
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        """Stop taking batches and wait for those running (the tree may be removed next)."""
-        for future in self._futures:
-            future.cancel()
-        self._pool.shutdown(wait=True)
+    """Write a new directory's files: in one tight loop where the store offers one."""
+    t = ap.t
+    write_files = getattr(ap.blobs, "write_files", None)
+    if write_files is None:
+        for name, idx in files:
+            ap.create_file(dir_fd, name, idx)
+        return
+    entries = [(name, t.data[idx], t.size[idx], t.mode[idx]) for name, idx in files]
+    try:
+        write_files(dir_fd, entries, umask=ap.umask, owner=ap.owner)
+    except BlobError as exc:
+        raise ap.fail(files[exc.entry][1] if exc.entry >= 0 else files[0][1], exc) from None
 
 
 class _Follow:
