@@ -21,8 +21,7 @@ import pytest
 
 from corral import RegexModuleEngine
 from corral.provider import GrepOptions, OperationError
-from corral_posix import TmpdirFileSystem, TmpdirLayout, remove_tree
-from corral_posix import _fdtree
+from corral_posix import TmpdirFileSystem, TmpdirLayout, _fdtree, remove_tree
 from corral_posix import _layout as layout_module
 from corral_posix._fdtree import DIR_FLAGS, DirChain, remove_tree_at
 
