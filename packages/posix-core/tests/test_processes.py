@@ -28,7 +28,7 @@ from corral.provider import (
     TerminalSize,
     Workspace,
 )
-from corral_posix import TmpdirWorkspaceProvider
+from corral_posix import TmpdirWorkspaceProvider, _prochost_launch
 from corral_posix import _processes as processes_module
 from corral_posix._prochost_launch import PROCESS_HOSTS
 from corral_posix._streamlog import segment_size
@@ -202,8 +202,11 @@ async def test_waiting_on_a_closed_stream_of_a_running_process_does_not_spin(
     await pm.kill(pid)
 
 
-async def test_a_ready_host_that_died_is_replaced(ws: Workspace) -> None:
+async def test_a_ready_host_that_died_is_replaced(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The host kept ready ahead of time may be gone by the next start: another one serves it."""
+    monkeypatch.setattr(_prochost_launch, "HOST_IDLE_S", 0.0)  # no idle host to reuse
     pm = pm_of(ws)
     assert await read_all(pm, await start(pm, "echo warm")) == b"warm\n"
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -28,6 +28,15 @@ running process through the socket its host listens on in the record
 ever guessed or reused. Its stdin and terminal stay with the program that
 started it (two writers would interleave, and one could not close what the
 other holds); from elsewhere they are refused with that reason.
+
+Hosts are reused, as the shell reuses its reapers: once this manager learns
+that a process ended and its host said ``X`` (tree dead, final state on
+disk, record let go), the host's socket leaves the process's handle --
+under the handle's send lock, so nothing meant for that process can reach
+the next one -- and waits in the manager's :class:`IdleHosts` for the next
+start. A warm host takes a start's request several hundred microseconds
+sooner than a freshly forked one (measured: the fork's page faults and the
+server's hand-over no longer compete with the spawn).
 """
 
 from __future__ import annotations
@@ -66,10 +75,11 @@ from corral.provider import (
     workspace_closed,
 )
 
+from . import _prochost_launch
 from ._checker import CommandChecker
 from ._env import base_environment
 from ._fdtree import remove_tree_at
-from ._prochost_launch import PROCESS_HOSTS
+from ._prochost_launch import PROCESS_HOSTS, IdleHosts
 from ._shell import ProcessLimits
 from ._streamlog import StreamExtent, extent, read_stream, segment_size
 from ._wrapper import IDENTITY_WRAPPER, CommandWrapper, WrapContext
@@ -81,6 +91,7 @@ _PUSHED = struct.Struct("<Q")
 _PUSH_MAX: Final = 1 << 16
 _SIG = struct.Struct("<i")
 _STARTED = struct.Struct("<ii")
+_FREE = struct.Struct("<d")
 _WINSIZE = struct.Struct("HHHH")
 _STREAM_INDEX: Final = {"stdout": 0, "stderr": 1}
 _END: Final = 2
@@ -133,9 +144,17 @@ _Infos = list[ProcessInfo]  # the manager's ``list`` method shadows the builtin 
 class _Live:
     """A process this manager started: its host socket and input fd."""
 
-    def __init__(self, pid: str, sock: socket.socket, stdin_fd: int, terminal: bool) -> None:
+    def __init__(
+        self, pid: str, sock: socket.socket, stdin_fd: int, terminal: bool, idle_s: float
+    ) -> None:
         self.id = pid
-        self.sock = sock
+        # None once its host went on to serve another process (or is gone).
+        self.sock: socket.socket | None = sock
+        self.idle_s = idle_s
+        # Held while sending: the host changes hands only between two sends, so
+        # nothing meant for this process (a kill from the monitor thread...)
+        # can reach the next process of the same host.
+        self.sending = threading.Lock()
         self.stdin_fd = stdin_fd
         self.terminal = terminal
         self.stdin_open = True
@@ -154,18 +173,52 @@ class _Live:
         self.stdin_open = False
 
     def send(self, message: bytes, fds: Sequence[int] = ()) -> bool:
-        """Send one message to the process host; False if it is gone."""
+        """Send one message to the process host; False if it is gone (or serves another)."""
         rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
-        for _ in range(1000):
-            try:
-                self.sock.sendmsg([message], rights if fds else [], socket.MSG_NOSIGNAL)
-            except BlockingIOError:
-                time.sleep(0.001)  # tiny messages: the host drains them at once
-            except OSError:
+        with self.sending:
+            sock = self.sock
+            if sock is None:
                 return False
-            else:
-                return True
+            for _ in range(1000):
+                try:
+                    sock.sendmsg([message], rights if fds else [], socket.MSG_NOSIGNAL)
+                except BlockingIOError:
+                    time.sleep(0.001)  # tiny messages: the host drains them at once
+                except OSError:
+                    return False
+                else:
+                    return True
         return False
+
+    def free_host(self) -> tuple[bool, tuple[float, socket.socket] | None]:
+        """Take the host off this ended process once it said it is free (non-blocking).
+
+        Returns:
+            Whether this process is done with its host, and then the host's
+            socket and when it became free (None when the host is gone).
+        """
+        if not self.sending.acquire(blocking=False):
+            return False, None  # a send in progress (another thread): later
+        try:
+            sock = self.sock
+            if sock is None:
+                return True, None
+            since = _free_since(sock)
+            if since is None:
+                return False, None
+            self.sock = None
+        finally:
+            self.sending.release()
+        if since < 0:
+            sock.close()
+            return True, None
+        return True, (since, sock)
+
+    def close_sock(self) -> None:
+        with self.sending:
+            sock, self.sock = self.sock, None
+        if sock is not None:
+            sock.close()
 
 
 _Lives = list[_Live]
@@ -214,6 +267,9 @@ class HostProcessManager:
         self._checks = checks
         self._provider_id = provider_id
         self._live: dict[str, _Live] = {}
+        # Ended processes whose host has not said it is free yet (see _free_host).
+        self._ending: dict[str, _Live] = {}
+        self._hosts = IdleHosts()
         self._closed = False
         self._monitor: threading.Thread | None = None
         self._stop = threading.Event()
@@ -256,11 +312,11 @@ class HostProcessManager:
             os.close(prepared.stdin_w)
         prepared.stdin_w = -1
         prepared.close()
-        live = _Live(pid, sock, stdin_fd, request.terminal is not None)
+        live = _Live(pid, sock, stdin_fd, request.terminal is not None, prepared.idle_s)
         with self._lock:
             if self._closed:
                 live.send(b"Kthe workspace closed")
-                sock.close()
+                live.close_sock()
                 live.close_stdin_fd()
                 raise workspace_closed()
             self._live[pid] = live
@@ -324,6 +380,7 @@ class HostProcessManager:
                     fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, _STDIN_PIPE)
                 os.set_blocking(w, False)
             prepared.pass_fds = list(wrapped.pass_fds)
+            prepared.idle_s = _prochost_launch.HOST_IDLE_S
             spec = {
                 "argv": list(wrapped.argv),
                 "env": dict(wrapped.env),
@@ -337,8 +394,13 @@ class HostProcessManager:
                 "has_stdin": request.terminal is None,
                 "ctty": self._ctty,
                 "pass_targets": list(prepared.pass_fds),
+                "idle": prepared.idle_s,
             }
-            prepared.sock = _send_spawn(prepared, b"R" + json.dumps(spec).encode())
+            for ending in self._ended_hosts():
+                self._free_host(ending)
+            prepared.sock, pooled = _send_spawn(
+                prepared, b"R" + json.dumps(spec).encode(), self._hosts
+            )
             try:
                 self._create_record(prepared, pid, request)
                 _send_record(prepared)
@@ -346,8 +408,9 @@ class HostProcessManager:
                 with contextlib.suppress(OSError):
                     self._remove_record(pid)  # its host kills the command on the socket's EOF
                 raise
-            with contextlib.suppress(OperationError):
-                PROCESS_HOSTS.replenish()  # or the next start asks for its own
+            if not pooled:
+                with contextlib.suppress(OperationError):
+                    PROCESS_HOSTS.replenish()  # or the next start asks for its own
         except BaseException:
             prepared.close()
             raise
@@ -602,7 +665,8 @@ class HostProcessManager:
         live = self._live.pop(process_id, None)
         if live is not None:
             live.close_stdin_fd()
-            live.sock.close()
+            live.ended = True
+            self._free_host(live)
         await anyio.to_thread.run_sync(self._remove_record, process_id)
 
     def _remove_record(self, process_id: str) -> None:
@@ -712,6 +776,26 @@ class HostProcessManager:
                     live.close_stdin_fd()
                 finally:
                     live.writing.release()
+            self._free_host(live)
+
+    def _free_host(self, live: _Live) -> None:
+        """Pool the host of an ended process once it said it is free; until then, keep asking.
+
+        Non-blocking (a socket read): called where the manager learns of the
+        end, and again for every start until the host has answered.
+        """
+        settled, freed = live.free_host()
+        with self._lock:
+            if settled:
+                self._ending.pop(live.id, None)
+            else:
+                self._ending[live.id] = live
+        if freed is not None:
+            self._hosts.put(freed[0], live.idle_s, freed[1])
+
+    def _ended_hosts(self) -> _Lives:
+        with self._lock:
+            return list(self._ending.values())
 
     def _running(self) -> _Lives:
         return [live for live in list(self._live.values()) if not live.ended]
@@ -762,11 +846,18 @@ class HostProcessManager:
             for live in lives:
                 record = os.path.join(self.records, live.id)
                 while await anyio.to_thread.run_sync(_status, record) is None:
-                    await _wait_closed(live.sock, 0.5)
+                    sock = live.sock
+                    if sock is None:
+                        break
+                    await _wait_closed(sock, 0.5)
+        with self._lock:
+            lives += [live for live in self._ending.values() if live not in lives]
+            self._ending.clear()
         for live in lives:
             live.close_stdin_fd()
-            live.sock.close()
+            live.close_sock()  # an idle host exits on its socket's end
         self._live.clear()
+        self._hosts.close()
         monitor = self._monitor
         if monitor is not None:
             await anyio.to_thread.run_sync(monitor.join, 5.0)
@@ -790,15 +881,21 @@ async def _pushed(live: _Live, index: int, cursor: int, most: int, within: float
             live.ended = True
             return b""
         with anyio.move_on_after(within):
-            while len(got) < _PUSHED.size + most:
+            want = _PUSHED.size + most
+            while len(got) < want:
                 try:
-                    part = ours.recv(_PUSHED.size + most - len(got))
+                    part = ours.recv(want - len(got))
                 except BlockingIOError:
                     await anyio.wait_readable(ours)
                     continue
                 if not part:
                     break
                 got += part
+                if len(got) >= _PUSHED.size:
+                    # The stream's end says how many bytes follow: waiting for the
+                    # host to close the fd as well would cost another wake-up.
+                    (end,) = _PUSHED.unpack_from(got)
+                    want = _PUSHED.size + max(0, min(most, end - cursor))
     finally:
         theirs.close()
         ours.close()
@@ -809,11 +906,12 @@ async def _pushed(live: _Live, index: int, cursor: int, most: int, within: float
     return bytes(got[_PUSHED.size :])
 
 
-def _send_spawn(prepared: _Prepared, payload: bytes) -> socket.socket:
-    """Hand the ``R`` message to a process host (blocking); its socket.
+def _send_spawn(prepared: _Prepared, payload: bytes, idle: IdleHosts) -> tuple[socket.socket, bool]:
+    """Hand the ``R`` message to a process host (blocking); its socket, and whether it was idle.
 
-    The host kept ready ahead of time may have died since: a send that finds
-    it gone moves on to a fresh host (nothing was delivered).
+    An idle host of this manager goes first, else the host the server keeps
+    ready. Either may have died since: a send that finds it gone moves on
+    (nothing was delivered).
 
     Raises:
         OperationError: ``too_large`` for a command or environment over a
@@ -824,8 +922,13 @@ def _send_spawn(prepared: _Prepared, payload: bytes) -> socket.socket:
         fds.append(prepared.stdin_r)
     fds += prepared.pass_fds
     rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
-    for _attempt in range(2):
-        sock = PROCESS_HOSTS.take()
+    fresh = 0
+    while fresh < 2:
+        sock = idle.take()
+        pooled = sock is not None
+        if sock is None:
+            sock = PROCESS_HOSTS.take()
+            fresh += 1
         try:
             sock.setblocking(True)  # a worker thread: a full socket may hold it
             sock.sendmsg([payload], rights, socket.MSG_NOSIGNAL)
@@ -839,7 +942,7 @@ def _send_spawn(prepared: _Prepared, payload: bytes) -> socket.socket:
         except BaseException:
             sock.close()
             raise
-        return sock
+        return sock, pooled
     raise OperationError("the process host went away", code="failed")
 
 
@@ -902,6 +1005,7 @@ class _Prepared:
         self.stdin_w = -1
         self.pass_fds: list[int] = []
         self.started_at = 0.0
+        self.idle_s = 0.0  # what the host was told to wait for its next process
         self.sock: socket.socket | None = None  # the process host's, once it took the request
 
     def close(self) -> None:
@@ -914,6 +1018,28 @@ class _Prepared:
                 with contextlib.suppress(OSError):
                     os.close(fd)
                 setattr(self, name, -1)
+
+
+def _free_since(sock: socket.socket) -> float | None:
+    """Read what a host said (non-blocking): when it became free (``X``), -1.0 when it is
+    gone, None while it has said neither."""
+    while True:
+        try:
+            data, anc, _flags, _addr = sock.recvmsg(
+                64, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC
+            )
+        except BlockingIOError:
+            return None
+        except OSError:
+            return -1.0
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                for i in range(0, len(payload) - len(payload) % 4, 4):
+                    os.close(int.from_bytes(payload[i : i + 4], sys.byteorder))  # an unread S's pty
+        if not data:
+            return -1.0
+        if data[:1] == b"X":
+            return _FREE.unpack_from(data, 1)[0] if len(data) >= 1 + _FREE.size else -1.0
 
 
 async def _wait_closed(sock: socket.socket, within: float) -> None:

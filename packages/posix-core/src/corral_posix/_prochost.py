@@ -3,15 +3,16 @@
 ``python -I -S _prochost.py CTL_FD`` starts a *server* (one per host
 process, started lazily like the command supervisor). For each process the
 host program starts, it sends ``N`` with one end of a fresh socketpair; the
-server forks a *process host* on it, which serves exactly one process::
+server forks a *process host* on it, which serves one process at a time
+(and, once it ended, the next one its manager sends it: see below)::
 
     host Python --ctl--> server (child subreaper)
-        |                  +-- process host (child subreaper; one per process)
+        |                  +-- process host (child subreaper; one per running process)
         +-- one socket each --->   +-- command (own session: pipes, or a pty as
                                          its controlling terminal)
                                          +-- ... every descendant
 
-Why a separate process per handle: output must be recorded while the
+Why a separate process per running handle: output must be recorded while the
 agent's event loop does other things (or is not running at all), and a
 subreaper per handle knows exactly which orphans belong to which process,
 so ``kill`` takes the whole tree (setsid'd, double-forked daemons included)
@@ -34,7 +35,7 @@ Messages on a process host's socket (SOCK_SEQPACKET, one message each):
   itself, so any number of readers on any event loop or thread wait without
   polling. Before closing it, the host writes ``PUSHED`` (the stream's end)
   and up to that many bytes from the cursor when the current segment holds
-  them (``sendfile``): the reader that was waiting for the first byte gets
+  them, in one write: the reader that was waiting for the first byte gets
   it without touching the files (they are the same bytes, already on disk);
   ``G`` + ``SIG``: signal the process group; ``K`` + reason: kill the tree.
 * another program (a resolve of the same workspace elsewhere) -> process
@@ -45,7 +46,17 @@ Messages on a process host's socket (SOCK_SEQPACKET, one message each):
   could interleave input, and one could not close what the other holds.
 * process host -> host program: ``S`` + ``STARTED`` (pid, exec errno), with
   the pty master when there is one (the host program writes terminal input
-  and resizes through it directly); ``X`` once the final state is on disk.
+  and resizes through it directly); ``X`` + ``FREE`` (when, on
+  CLOCK_MONOTONIC) once the final state is on disk, the tree is dead and the
+  record's lock and fds are let go.
+
+After ``X`` the host waits (the request's ``idle`` seconds) for the next
+``R`` on the same socket, and serves it as it served the first: a host is
+reused, one process at a time, by the program that started it. What
+arrives before that ``R`` belonged to the ended process: a reader's wake-up
+fd is closed, a signal or kill dropped. Since it kills every descendant
+(it is their subreaper: no child left means no descendant left) before
+``X``, no process of one handle outlives it into the next.
 
 A command with a terminal starts a session of its own; the pty becomes its
 controlling terminal here, unless the request says the launch does that
@@ -106,6 +117,7 @@ WAIT = struct.Struct("<BQI")
 PUSHED = struct.Struct("<Q")
 STARTED = struct.Struct("<ii")
 SIG = struct.Struct("<i")
+FREE = struct.Struct("<d")
 WINSIZE = struct.Struct("HHHH")
 SEGMENT_FORMAT = "{:020d}"
 STREAMS = ("stdout", "stderr")
@@ -269,6 +281,9 @@ class _Log:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        if self.dir_fd >= 0:
+            os.close(self.dir_fd)  # a reused host must not pile up directories
+            self.dir_fd = -1
 
 
 class _Request:
@@ -286,6 +301,8 @@ class _Request:
         self.rlimits: list[list[int]] = spec["rlimits"]
         self.signal_as_status: bool = spec["signal_as_status"]
         self.ctty: bool = spec["ctty"]
+        # Seconds to wait for the next request once this one is over (0: exit).
+        self.idle: float = float(spec.get("idle", 0.0))
         self.cwd_fd = fds[0]
         self.record_fd = self.lock_fd = -1  # from the ``D`` message
         rest = fds[1:]
@@ -460,10 +477,14 @@ def _which(name: str, path: str | None) -> str:
 
 
 class _Host:
-    """Serves one process on one socket, from start to final state.
+    """Serves processes on one socket, one at a time, each from start to final state.
 
     Built (signal wake-up pipe, subreaper) before its socket arrives, while
-    the host is a spare: that work is off the start's critical path.
+    the host is a spare: that work is off the start's critical path. Once a
+    process's tree is dead and its final state on disk, the host says ``X``
+    and waits (``idle`` seconds from the request) for the next ``R`` on the
+    same socket: a reused host has every page it touches already its own,
+    where a fresh fork pays for them during the spawn.
     """
 
     def __init__(self) -> None:
@@ -471,6 +492,12 @@ class _Host:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # replaced in run()
         # To the server, which forks the next spare once this host lets go of it.
         self.link: socket.socket | None = None
+        self.wake, _w = _wakeup_pipe()
+        self._reset()
+
+    def _reset(self) -> None:
+        """Forget the previous process: nothing of it may reach the next one."""
+        _drain(self.wake)
         self.listener: socket.socket | None = None
         self.others: dict[int, socket.socket] = {}  # connections of other programs
         self.main = 0
@@ -482,15 +509,47 @@ class _Host:
         self.logs: list[_Log] = []
         self.outs: dict[int, int] = {}
         self.ended = [False, False]
-        self.wake, _w = _wakeup_pipe()
+        self.record_fd = -1
 
     def run(self, sock: socket.socket) -> None:
+        """Serve requests on ``sock`` until it closes, a start fails or the host idles out."""
         self.sock.close()
         self.sock = sock
         data, fds = _recv(self.sock)
-        if data[:1] != b"R":
-            return
-        req = _Request(data, fds)
+        while data[:1] == b"R":
+            idle = self._serve_one(_Request(data, fds))
+            if idle <= 0:
+                return
+            data, fds = self._idle(idle)
+        _close(fds)
+
+    def _idle(self, idle_s: float) -> tuple[bytes, list[int]]:
+        """Wait for the next request; (b"", []) when the socket closed or ``idle_s`` passed.
+
+        What comes before it was meant for the process that ended: a reader's
+        wake-up fd is closed (it finds the final state on disk), a signal or a
+        kill is dropped -- never kept for the next process.
+        """
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLIN)
+        deadline = time.monotonic() + idle_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not poller.poll(math.ceil(remaining * 1000)):
+                return b"", []  # the host program stops using idle hosts well before this
+            try:
+                data, fds = _recv(self.sock)
+            except BlockingIOError:
+                continue
+            except OSError:
+                return b"", []
+            if not data or data[:1] == b"R":
+                return data, fds
+            _close(fds)
+
+    def _serve_one(self, req: _Request) -> float:
+        """Run one request to its final state; how long to wait for the next (0: exit)."""
+        self._reset()
         master, started_errno = self._spawn(req)
         _close(
             [
@@ -505,7 +564,7 @@ class _Host:
             _close(fds)
             if self.main:
                 self._kill_tree()
-            return
+            return 0.0
         req.record_fd, req.lock_fd = fds
         dirs = [
             os.open(s, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=req.record_fd)
@@ -535,7 +594,7 @@ class _Host:
             self.status = (127 if started_errno == errno.ENOENT else 126) << 8
         else:
             self._serve(req)
-        self._finish(req)
+        return self._finish(req)
 
     def _spawn(self, req: _Request) -> tuple[int, int]:
         """Fork the command; return (pty master or -1, exec errno or 0)."""
@@ -672,8 +731,10 @@ class _Host:
         if push > 0 and log is not None and log.fd >= 0 and log.seg_start <= cursor < log.end:
             with contextlib.suppress(OSError):
                 os.set_blocking(fd, False)  # a reader that stopped reading never blocks us
-                os.write(fd, PUSHED.pack(log.end))
-                os.sendfile(fd, log.fd, cursor - log.seg_start, min(push, log.end - cursor))
+                data = os.pread(log.fd, min(push, log.end - cursor), cursor - log.seg_start)
+                # One write (a push is at most 64 KiB): the reader wakes once, not
+                # once for the header and again for the bytes.
+                os.write(fd, PUSHED.pack(log.end) + data)
         with contextlib.suppress(OSError):
             os.close(fd)
 
@@ -813,7 +874,7 @@ class _Host:
             while True:
                 os.waitpid(-1, 0)
 
-    def _finish(self, req: _Request) -> None:
+    def _finish(self, req: _Request) -> float:
         self._past_start()
         for log in self.logs:
             log.close()
@@ -838,10 +899,19 @@ class _Host:
             "stderr_end": self.logs[1].end,
         }
         _write_final(self.record_fd, json.dumps(final).encode())
+        # The record is final: its lock and directory go now, before this host
+        # can serve another process. ``X`` goes before the readers wake, so the
+        # one that finds the end also finds this host free for the next start.
+        _close([req.record_fd, req.lock_fd])
+        self.record_fd = -1
+        sent = False
+        with contextlib.suppress(OSError):
+            # When this host's idle time began (CLOCK_MONOTONIC is one clock for all programs).
+            self.sock.send(b"X" + FREE.pack(time.monotonic()))
+            sent = True
         for index in range(3):
             self._notify(index)
-        with contextlib.suppress(OSError):
-            self.sock.send(b"X")
+        return req.idle if sent and self.state != "lost" else 0.0
 
 
 def _write_final(dir_fd: int, body: bytes) -> None:

@@ -2,7 +2,9 @@
 
 One server process serves every :class:`~corral_posix.HostProcessManager` of
 a host process: started lazily, restarted if it died, forgotten in a forked
-child. It forks one process host per background process on request.
+child. It forks a process host on request; a host whose process ended goes
+to its manager's :class:`IdleHosts` and serves that manager's next start
+(a fresh fork is the fallback, not the rule).
 
 One host is always asked for ahead of time and kept *ready* (connected,
 waiting for its ``R``): a start hands its request straight to it and only
@@ -19,14 +21,19 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+import weakref
 from typing import Final
 
 from corral.provider import OperationError
 
-__all__ = ["PROCESS_HOSTS", "ProcessHostServer"]
+__all__ = ["HOST_IDLE_S", "PROCESS_HOSTS", "IdleHosts", "ProcessHostServer"]
 
 _SCRIPT: Final = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_prochost.py")
 _SNDBUF: Final = 1 << 20
+_MAX_IDLE_HOSTS: Final = 4
+HOST_IDLE_S = 30.0
+"""How long a process host waits for its next process once one ended (read at each start)."""
 
 
 class ProcessHostServer:
@@ -173,3 +180,76 @@ def _waiting(sock: socket.socket) -> bool:
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLIN)
     return not poller.poll(0)
+
+
+class IdleHosts:
+    """Process hosts of one manager whose process ended, each waiting for the next start.
+
+    A start sends its request to the most recently freed one instead of a
+    freshly forked host: a host that ran a process before has every page the
+    next spawn touches already its own, and none of the server's hand-over
+    or spare forking competes with the command for the CPU. Per manager, so
+    every host in it was given the same limits, root, environment policy and
+    wrapper (a host takes its request's rlimits on itself, for good).
+
+    A host is used only during the first two thirds of the idle time it was
+    given (it exits at the end of it): a request can never reach a host that
+    is just leaving. At most ``_MAX_IDLE_HOSTS`` wait; closing their sockets
+    (on :meth:`close`, or when there are too many) makes them exit.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[tuple[float, socket.socket]] = []  # (usable until, socket), newest last
+        self._closed = False
+        _ALL_IDLE.add(self)
+
+    def put(self, free_since: float, idle_s: float, sock: socket.socket) -> None:
+        """Keep a host that said it is free at ``free_since`` (monotonic) and waits ``idle_s``."""
+        usable_until = free_since + idle_s * 2 / 3
+        extra: socket.socket | None = sock
+        with self._lock:
+            if not self._closed and usable_until > time.monotonic():
+                self._idle.append((usable_until, sock))
+                extra = self._idle.pop(0)[1] if len(self._idle) > _MAX_IDLE_HOSTS else None
+        if extra is not None:
+            extra.close()
+
+    def take(self) -> socket.socket | None:
+        """The most recently freed host still well within its idle time, or None."""
+        now = time.monotonic()
+        stale: list[socket.socket] = []
+        found: socket.socket | None = None
+        with self._lock:
+            while self._idle and self._idle[0][0] <= now:
+                stale.append(self._idle.pop(0)[1])
+            if self._idle:
+                found = self._idle.pop()[1]
+        for sock in stale:
+            sock.close()
+        return found
+
+    def close(self) -> None:
+        """Let every idle host go (each exits on its socket's end); later puts close theirs."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for _until, sock in idle:
+            sock.close()
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+        for _until, sock in self._idle:
+            sock.close()  # only this copy: the parent keeps its hosts
+        self._idle = []
+
+
+_ALL_IDLE: Final[weakref.WeakSet[IdleHosts]] = weakref.WeakSet()
+
+
+def _idle_after_fork() -> None:
+    for hosts in list(_ALL_IDLE):
+        hosts._after_fork()
+
+
+os.register_at_fork(after_in_child=_idle_after_fork)
