@@ -208,7 +208,10 @@ async def _throughput(ctx: Ctx, row: Row, pm: Any, size: int) -> None:
 
 async def _handle(pm: Any, size: int) -> float:
     started = time.perf_counter_ns()
-    request = corral.provider.ProcessRequest(f"head -c {size} /dev/zero", retained_bytes=256 << 20)
+    # A window as large as the output: this row measures throughput, and a reader
+    # that starts late (the writer needs no reader) must not be cut off by
+    # expiry; tests/test_processes.py reads a 1 GiB stream through a small one.
+    request = corral.provider.ProcessRequest(f"head -c {size} /dev/zero", retained_bytes=2 * size)
     info = await pm.start(request)
     cursor = 0
     while True:
