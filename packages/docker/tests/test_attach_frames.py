@@ -87,10 +87,21 @@ async def test_a_forged_trailer_with_another_nonce_is_output() -> None:
     assert (err, code) == (forged, 3)
 
 
-async def test_no_trailer_means_no_exit_code_and_all_stderr_kept() -> None:
+async def test_no_trailer_keeps_all_stderr_and_asks_the_engine_for_the_status() -> None:
+    class _Api:
+        def exec_inspect(self, exec_id: str) -> dict[str, Any]:
+            return {"Running": False, "ExitCode": 137}
+
+    async def call(what: str, fn: Any) -> Any:
+        return fn(_Api())
+
     stream = _frame(2, b"killed before the trailer")
-    _, err, code = await _collect(_splits(stream, 3), trailer=TRAILER)
-    assert (err, code) == (b"killed before the trailer", None)
+    pipe: Any = _Pieces(_splits(stream, 3))
+    attached = AttachedExec(pipe, "exec-id", call, trailer=TRAILER, tty=False)
+    err = b""
+    while (chunks := await attached.receive()) is not None:
+        err += b"".join(data for _, data in chunks)
+    assert (err, await attached.exit_code()) == (b"killed before the trailer", 137)
 
 
 async def test_tty_output_is_raw() -> None:

@@ -23,6 +23,7 @@ import contextlib
 import secrets
 import socket
 import struct
+import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -33,7 +34,7 @@ from corral.provider import TerminalSize
 
 from ._engine import EngineError
 
-__all__ = ["AttachedExec", "AttachingEngine", "Chunk", "open_attached"]
+__all__ = ["AttachedExec", "AttachingEngine", "Chunk", "open_attached", "wait_exit_code"]
 
 T = TypeVar("T")
 
@@ -48,7 +49,52 @@ _TRAILER_SH: Final = (
     'n=$1; shift; "$@"; c=$?; printf "\\000corral-exit-%s:%d" "$n" "$c" >&2; exit "$c"'
 )
 
-ApiCall = Callable[[str, Callable[[Any], Any]], Awaitable[Any]]
+# Polling the engine's record of an ended exec: 5 ms doubling to 250 ms,
+# about 9 s in all, far above the instant the engine lags behind a stream's end.
+STATUS_POLLS: Final = 40
+_FIRST_POLL_S: Final = 0.005
+_LAST_POLL_S: Final = 0.25
+
+
+class ApiCall(Protocol):
+    """Runs a blocking function of the SDK's API client on a worker thread.
+
+    Its errors become :class:`EngineError`; with ``abandon`` a cancelled
+    caller stops waiting for the thread.
+    """
+
+    def __call__(
+        self, what: str, fn: Callable[[Any], T], /, *, abandon: bool = False
+    ) -> Awaitable[T]:
+        """Run ``fn(api)``; ``what`` heads the error message."""
+        ...
+
+
+class _Handoff:
+    """A started pipe passed from a worker thread the caller may have abandoned.
+
+    Whoever comes second closes it: the thread when the caller already left,
+    else the caller. So an exec start abandoned on cancellation leaks no
+    connection, whenever the cancellation lands.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pipe: _Pipe | None = None
+        self._left = False
+
+    def give(self, pipe: _Pipe) -> None:
+        with self._lock:
+            if not self._left:
+                self._pipe = pipe
+                return
+        pipe.close()
+
+    def take(self) -> _Pipe | None:
+        with self._lock:
+            self._left = True
+            pipe, self._pipe = self._pipe, None
+            return pipe
 
 
 @runtime_checkable
@@ -315,19 +361,60 @@ class AttachedExec:
             lambda api: api.exec_resize(self.exec_id, height=size.rows, width=size.cols),
         )
 
-    async def exit_code(self) -> int | None:
-        """The exit status once the streams ended (None when it never reported one)."""
-        if self._trailer:
+    async def exit_code(self) -> int:
+        """The exit status, once the streams ended.
+
+        The trailer's status when it arrived; otherwise (no trailer asked
+        for, or the stream ended without it: the wrapping ``sh`` was killed,
+        or a child holding stderr wrote after it) the engine's record, see
+        :func:`wait_exit_code`. Never None: an unknown status is an error.
+
+        Raises:
+            EngineError: The engine is unreachable, or never reported the
+                exec ended.
+        """
+        if self._trailer_code is not None:
             return self._trailer_code
-        info = await self._call("inspect exec", lambda api: api.exec_inspect(self.exec_id))
-        code = info.get("ExitCode") if isinstance(info, Mapping) else None
-        running = info.get("Running") if isinstance(info, Mapping) else None
-        return code if isinstance(code, int) and not running else None
+        return await wait_exit_code(self._call, self.exec_id)
 
     async def aclose(self) -> None:
         """Close the connection (wakes an abandoned read). Idempotent."""
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(self._pipe.close)
+
+
+async def wait_exit_code(call: ApiCall, exec_id: str) -> int:
+    """The exit status the engine records for an exec whose output stream ended.
+
+    The attach stream closes when the command's stdout and stderr close,
+    which is not the moment the engine records its exit: for an instant
+    ``exec inspect`` still says ``Running`` with a null ``ExitCode`` (more
+    often under load), and a command that closed its output may run on.
+    So the record is polled, briefly and with backoff, until it shows an
+    ended exec -- never read once and turned into "no status".
+
+    Args:
+        call: Runs a blocking function of the SDK's API client on a worker
+            thread, translating its errors into :class:`EngineError`.
+        exec_id: The exec.
+
+    Raises:
+        EngineError: The engine is unreachable, or still reports the exec
+            running (or no status) after :data:`STATUS_POLLS` looks.
+    """
+    delay = _FIRST_POLL_S
+    for _look in range(STATUS_POLLS):
+        info = await call("inspect exec", lambda api: api.exec_inspect(exec_id))
+        if isinstance(info, Mapping):
+            code, running = info.get("ExitCode"), info.get("Running")
+            if isinstance(code, int) and not isinstance(code, bool) and not running:
+                return code
+        await anyio.sleep(delay)
+        delay = min(delay * 2, _LAST_POLL_S)
+    raise EngineError(
+        "exec: the engine reported no exit status; the command was still running after "
+        "its output stream ended"
+    )
 
 
 async def open_attached(
@@ -355,7 +442,9 @@ async def open_attached(
         argv = ["sh", "-c", _TRAILER_SH, "corral-exit", nonce, *argv]
     tty = terminal is not None
 
-    def start(api: Any) -> tuple[_Pipe, str]:
+    handoff = _Handoff()
+
+    def start(api: Any) -> str:
         created = api.exec_create(
             container_id,
             list(argv),
@@ -376,12 +465,26 @@ async def open_attached(
         )
         try:
             api._raise_for_status(response)
-            return _Pipe(response), exec_id
+            pipe = _Pipe(response)
         except BaseException:
             response.close()
             raise
+        handoff.give(pipe)
+        return exec_id
 
-    pipe, exec_id = await call("attach exec", start)
+    # Abandoned on cancellation, so a wedged engine cannot hold a caller that
+    # bounds its wait (killing a tree, a timeout); the handoff closes the pipe.
+    try:
+        exec_id = await call("attach exec", start, abandon=True)
+    except BaseException:
+        leftover = handoff.take()
+        if leftover is not None:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(leftover.close)
+        raise
+    pipe = handoff.take()
+    if pipe is None:  # pragma: no cover - start returned, so it gave a pipe
+        raise EngineError("attach exec: the started exec's stream went missing")
     trailer = f"\0corral-exit-{nonce}:".encode() if nonce else b""
     attached = AttachedExec(pipe, exec_id, call, tty=tty, trailer=trailer)
     if terminal is not None:

@@ -95,20 +95,14 @@ async def init_volume(
     cid = await engine.create(spec)
     try:
         await engine.start(cid)
-        # The chown is idempotent, so an exec whose exit status never arrived
-        # (a remote stream can end without its trailer under load) is run again
-        # rather than failing the open on an unknown.
-        for _attempt in range(3):
-            out = await engine.exec(
-                cid,
-                ["sh", "-c", 'chown "$1" /workspace && chmod 0755 /workspace', "init", opts.user],
-                env={},
-                workdir="/",
-                user="0:0",
-                max_output_bytes=4096,
-            )
-            if out.exit_code is not None:
-                break
+        out = await engine.exec(
+            cid,
+            ["sh", "-c", 'chown "$1" /workspace && chmod 0755 /workspace', "init", opts.user],
+            env={},
+            workdir="/",
+            user="0:0",
+            max_output_bytes=4096,
+        )
         if out.exit_code is None:
             raise EngineError("could not prepare the workspace volume: no exit status came back")
         if out.exit_code != 0:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import io
 import os
-import secrets
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -40,7 +39,6 @@ __all__ = ["SdkEngine"]
 T = TypeVar("T")
 
 _CLIENT_TIMEOUT_S = 60
-_TRAILER_SH = 'n=$1; shift; "$@"; c=$?; printf "\\000corral-exit-%s:%d" "$n" "$c" >&2; exit "$c"'
 
 
 def _translate(exc: BaseException, what: str) -> EngineError:
@@ -251,74 +249,54 @@ class SdkEngine:
     ) -> ExecOutput:
         """Run ``argv`` in the container, streaming and capping its output.
 
-        The wait is abandoned on cancellation (the caller kills the process
-        tree; the worker thread then sees the stream end).
+        The exec runs attached (:mod:`corral_docker._attach`), read from the
+        hijacked connection by our own reader. Not the SDK's ``exec_start``:
+        its frame reader reads the socket (or ssh channel) under the HTTP
+        parser's buffer, so output the daemon sent in the same packet as its
+        ``101`` answer -- a short command's whole output and, over ssh, its
+        exit trailer, most often on a loaded host -- was silently dropped.
+
+        Over ssh every new connection spawns ``docker system dial-stdio`` on
+        the remote host, so remote execs report their status in a stderr
+        trailer instead of paying for an ``exec inspect``; when the trailer
+        does not come back, and always on a local engine, the engine's
+        record is waited for (:func:`~corral_docker._attach.wait_exit_code`).
+
+        The read is abandoned on cancellation (the caller kills the process
+        tree); closing the connection ends its thread.
+
+        Raises:
+            EngineError: The engine failed, or never reported the exit status.
         """
+        attached = await self.attach_exec(
+            container_id,
+            argv,
+            env=env,
+            workdir=workdir,
+            user=user,
+            stdin=False,
+            exit_trailer=self.remote,
+        )
+        out = _CappedBuffer(max_output_bytes)
+        err = _CappedBuffer(max_output_bytes)
 
-        # Over ssh every new connection spawns `docker system dial-stdio` on the
-        # remote host (~0.3 s here); exec_start consumes its connection, so a
-        # following exec_inspect pays for another one. Remote execs therefore
-        # report their exit status in a stderr trailer tagged with a random
-        # nonce instead (a command can only forge its own exit code with it).
-        nonce = secrets.token_hex(8) if self.remote else ""
-        if nonce:
-            argv = ["sh", "-c", _TRAILER_SH, "corral-exit", nonce, *argv]
+        def drain() -> None:
+            while (chunks := attached.receive_blocking()) is not None:
+                for name, data in chunks:
+                    (out if name == "stdout" else err).add(data)
 
-        def run(api: Any) -> ExecOutput:
-            created = api.exec_create(
-                container_id,
-                list(argv),
-                stdout=True,
-                stderr=True,
-                stdin=False,
-                tty=False,
-                environment=dict(env),
-                workdir=workdir,
-                user=user,
-            )
-            exec_id = created["Id"]
-            trailer = f"\0corral-exit-{nonce}:".encode() if nonce else b""
-            slack = len(trailer) + 4 if nonce else 0
-            out = _CappedBuffer(max_output_bytes)
-            err = _CappedBuffer(max_output_bytes + slack)
-            tail = b""
-            stream = api.exec_start(exec_id, stream=True, demux=True)
-            try:
-                for chunk_out, chunk_err in stream:
-                    if chunk_out:
-                        out.add(chunk_out)
-                    if chunk_err:
-                        err.add(chunk_err)
-                        tail = (tail + chunk_err)[-(slack + 1) :]
-            finally:
-                # The stream holds the hijacked connection. CancellableStream.close()
-                # leaks the socket's makefile reference (and refuses ssh), so close
-                # the response, which closes the connection on every transport.
-                response = getattr(stream, "_response", None)
-                if response is not None:
-                    response.close()
-            stderr, stderr_truncated = err.value(), err.truncated
-            code: Any = None
-            if nonce:
-                at = tail.rfind(trailer)
-                if at >= 0 and tail[at + len(trailer) :].isdigit():
-                    code = int(tail[at + len(trailer) :])
-                    cut = stderr.rfind(trailer)
-                    if cut >= 0 and not stderr_truncated:
-                        stderr = stderr[:cut]
-                if len(stderr) > max_output_bytes:
-                    stderr, stderr_truncated = stderr[:max_output_bytes], True
-            else:
-                code = api.exec_inspect(exec_id).get("ExitCode")
-            return ExecOutput(
-                exit_code=code if isinstance(code, int) else None,
-                stdout=out.value(),
-                stderr=stderr,
-                stdout_truncated=out.truncated,
-                stderr_truncated=stderr_truncated,
-            )
-
-        return await self._call("exec", run, abandon=True)
+        try:
+            await anyio.to_thread.run_sync(drain, abandon_on_cancel=True)
+            code = await attached.exit_code()
+        finally:
+            await attached.aclose()
+        return ExecOutput(
+            exit_code=code,
+            stdout=out.value(),
+            stderr=err.value(),
+            stdout_truncated=out.truncated,
+            stderr_truncated=err.truncated,
+        )
 
     async def attach_exec(
         self,
