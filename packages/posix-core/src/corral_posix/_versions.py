@@ -741,23 +741,9 @@ def _unchanged_dir(
     (or the entries are not in recorded order): the caller compares by name.
     """
     names, keys = live
-    ispan = _same_span(index, i_dir, names, keys)
-    tspan = t.span(t_dir)
-    if ispan is None or tspan is None:
+    if _same_span(index, i_dir, names, keys) is None:
         return None
-    a, b = ispan
-    c, d = tspan
-    if (
-        names != t.name[c:d]
-        or index.data[a:b] != t.data[c:d]
-        or index.kind[a:b] != t.kind[c:d]
-        or index.mode[a:b] != t.mode[c:d]
-    ):
-        return None
-    kinds = t.kind[c:d]
-    if "d" not in kinds:
-        return []
-    return [(names[j], c + j, a + j) for j, k in enumerate(kinds) if k == "d"]
+    return _same_dir(index, i_dir, t, t_dir)
 
 
 def _fill_dir(ap: _Applier, dir_fd: int, want: dict[str, int]) -> list[tuple[str, int, int]]:
