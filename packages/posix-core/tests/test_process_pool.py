@@ -23,6 +23,8 @@ from corral.provider import ProcessManager, ProcessRequest, Workspace
 from corral_posix import TmpdirWorkspaceProvider, _prochost_launch
 from corral_posix import _processes as processes_module
 
+from .test_processes import alive, gone
+
 pytestmark = pytest.mark.anyio
 
 
@@ -69,23 +71,6 @@ async def first_line(pm: ProcessManager, pid: str) -> list[int]:
         seen += chunk.data
         cursor = chunk.next_cursor
     return [int(x) for x in seen.split(b"\n", 1)[0].split()]
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != b"Z"
-
-
-async def gone(pid: int) -> bool:
-    for _ in range(500):
-        if not alive(pid):
-            return True
-        await anyio.sleep(0.01)
-    return False
 
 
 async def freed(pm: ProcessManager) -> None:

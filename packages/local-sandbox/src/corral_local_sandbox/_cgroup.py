@@ -473,11 +473,15 @@ class WorkspaceProcesses:
     def __init__(self, state_dir: str) -> None:
         base_dir = os.path.dirname(os.path.dirname(state_dir))
         self._name = cgroup_name(base_dir, os.path.basename(state_dir))
-        placements, _missing = find_placements({"memory", "pids"})
-        self._files = tuple(os.path.join(p.parent, self._name, "cgroup.procs") for p in placements)
+        self._files: tuple[str, ...] | None = None  # found on first use, not at every open
 
     def __call__(self) -> list[int] | None:
         """The pids in the workspace's cgroups; None when no hierarchy can be read."""
+        if self._files is None:
+            placements, _missing = find_placements({"memory", "pids"})
+            self._files = tuple(
+                os.path.join(p.parent, self._name, "cgroup.procs") for p in placements
+            )
         if not self._files:
             return None
         pids: set[int] = set()

@@ -401,8 +401,8 @@ class LocalSandboxProvider(TmpdirWorkspaceProvider):
         """
         if not sys.platform.startswith("linux") or self._policy.limits.memory_bytes is None:
             return None
-        processes = WorkspaceProcesses(state_dir)
-        return processes if processes() is not None else None
+        # Where no cgroup hierarchy is found, it answers None: whole walks.
+        return WorkspaceProcesses(state_dir)
 
     async def prepare_isolation(
         self, root: str, *, state_dir: str, capabilities: frozenset[str]

@@ -244,9 +244,6 @@ class Changes:
     dirs: set[str] = attrs.Factory(set)
     subtrees: set[str] = attrs.Factory(set)
 
-    def __bool__(self) -> bool:
-        return bool(self.dirs or self.subtrees)
-
 
 class ChangeJournal:
     """The change journal of one tree (see the module docstring).
@@ -267,12 +264,6 @@ class ChangeJournal:
         self._pending = Changes()
         self._dev = -1
         self._generation = -1
-
-    def __hash__(self) -> int:
-        return id(self)
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
 
     @property
     def valid(self) -> bool:

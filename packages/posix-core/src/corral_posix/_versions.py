@@ -45,7 +45,7 @@ from corral.provider import OperationError, ProgressReporter
 
 from ._blobstore import BlobError, BlobStore
 from ._changes import Changes
-from ._fdtree import DirChain, _make_accessible, remove_tree_at
+from ._fdtree import DirChain, _enter, remove_tree_at
 from ._manifest import NO_CHILDREN, Key, Manifest, key_of, kind_of
 
 __all__ = ["Caps", "Stale", "Watch", "apply", "apply_changes", "scan", "scan_changes"]
@@ -416,11 +416,7 @@ def scan(
                 continue
             name, idx, old = pending.pop()
             path = f"{base}/{name}"
-            try:
-                outcome = chain.descend(name)
-            except PermissionError:
-                _make_accessible(chain.fd, name)
-                outcome = chain.descend(name)
+            outcome = _enter(chain, name)
             if outcome != "entered":
                 sc.skipped.append(path)
                 sc.dropped.append(idx)
@@ -627,11 +623,7 @@ def _apply_walk(ap: _Applier, chain: DirChain, indexed: bool) -> None:
         t_dir, _i_dir, pending = levels[-1]
         if pending:
             name, t_idx, i_idx = pending.pop()
-            try:
-                outcome = chain.descend(name)
-            except PermissionError:
-                _make_accessible(chain.fd, name)
-                outcome = chain.descend(name)
+            outcome = _enter(chain, name)
             if outcome != "entered":
                 raise OperationError(
                     "the workspace changed while it was being restored; try again",
