@@ -184,12 +184,11 @@ _CASES: list[tuple[Run, tuple[str, ...]]] = [
 
 
 @pytest.mark.parametrize(("run", "intended"), _CASES, ids=lambda v: getattr(v, "__name__", ""))
-def test_script_defect_fails_its_rule(run: Run, intended: tuple[str, ...]) -> None:
-    # Checked in a fresh interpreter: inside the full CI session (only there, twice,
-    # 15 ms each) script_sees_no_files passed against the host-file defect, while
-    # alone or after every other bite it fails it every time; something the long
-    # session leaves in the process (not found yet) changes the nested run.
-    # A fresh process proves the rule against the defect, whatever ran before.
+def test_script_defect_fails_its_rule(run: Run, intended: tuple[str, ...], tmp_path: Path) -> None:
+    # Checked in a fresh interpreter whose temp dir has the letters the rules use as
+    # placeholders in their code templates: CI's ``mktemp -d`` names hold them about
+    # one time in seven, and the secret's path was once filled in twice and mangled,
+    # so the file rule could not see a host file being read.
     script = (
         "import json, sys, test_bites_script as b\n"
         "from corral_conformance import check_provider\n"
@@ -199,12 +198,17 @@ def test_script_defect_fails_its_rule(run: Run, intended: tuple[str, ...]) -> No
         f"print(json.dumps([{{n: [r.result(n).status, r.result(n).reason] for n in {intended!r}}}, "
         "[x.rule for x in r.failed]]))"
     )
+    (tmp_path / "tmp.PW").mkdir()
     done = subprocess.run(
         [sys.executable, "-c", script],
         capture_output=True,
         text=True,
         cwd=Path(__file__).parent,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)},
+        env={
+            **os.environ,
+            "PYTHONPATH": str(Path(__file__).parent),
+            "TMPDIR": str((tmp_path / "tmp.PW").resolve()),
+        },
         timeout=600,
         check=False,
     )

@@ -11,6 +11,7 @@ is awaited) as JSON.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import tempfile
 import time
@@ -126,6 +127,15 @@ def _lit(value: object) -> str:
     return json.dumps(value)
 
 
+def _fill(template: str, **literals: str) -> str:
+    """``template`` with each standalone placeholder letter replaced by its literal, in one pass.
+
+    One pass, so a literal that itself holds a placeholder letter (a temp dir named
+    ``/tmp/tmp.Wx3``) is never filled again; whole words only, so ``Path`` stays ``Path``.
+    """
+    return re.sub(r"\b[A-Z]\b", lambda m: literals.get(m[0], m[0]), template)
+
+
 def _workspace_paths(opened: Any, name: str) -> list[str]:
     """Where a workspace file could be named from inside a box: relative, and absolute."""
     describe = getattr(opened.workspace, "details", None)
@@ -223,7 +233,7 @@ class AbstractScriptTests:
             for lang in _languages(h, script):
                 for target in targets:
                     for what, expr in attempts[lang].items():
-                        code = expr.replace("P", _lit(target)).replace("W", _lit(str(planted)))
+                        code = _fill(expr, P=_lit(target), W=_lit(str(planted)))
                         if lang == _JS:
                             code = f"(async () => {{ return await {code} }})()"
                         result = await _run(h, script, code, lang=lang)
