@@ -20,8 +20,10 @@ fsyncing 100k entries). The same rows on local-bash (``versions.walk.*``,
 no goal) show the whole-tree walk the journal replaces there: local-bash's
 commands are unconfined, so a write through a hard link from outside the
 workspace would leave no event, and local-bash never keeps a journal.
-Branch and reads verify every blob's SHA-256, which a 100 MB tree pays in
-full.
+Branch and reads verify every blob's SHA-256 the first time the process
+meets it; after that a blob whose file is unchanged is copied by the
+kernel, or written from memory when it is small (``_blobstore._CONTENT``),
+so a branch costs about what creating the files costs.
 """
 
 from __future__ import annotations

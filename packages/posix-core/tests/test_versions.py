@@ -384,6 +384,45 @@ def test_a_blob_verified_before_is_hashed_again_once_its_file_changes(
         store.read_verified(digest2, 100)
 
 
+@pytest.mark.parametrize(
+    ("age_ns", "whole_seconds", "trusted"),
+    [
+        (0, False, False),  # changed just now: a change in the same tick keeps its stamps
+        (-1, False, False),  # stamped after "now" (a clock step): never trusted
+        ("window-1", False, False),
+        ("window", False, True),
+        ("window", True, False),  # whole-second stamps: maybe a coarse filesystem
+        (2_999_999_999, True, False),
+        (3_000_000_000, True, True),
+    ],
+)
+def test_a_verified_blob_is_remembered_only_once_its_stamps_must_move(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    age_ns: int | str,
+    whole_seconds: bool,
+    trusted: bool,
+) -> None:
+    from corral_posix import _blobstore
+
+    window = _blobstore._SETTLED_NS
+    # Four ticks of the kernel's coarse clock, never under 10 ms: far below the
+    # 200 ms a fixed rule needed, so a branch right after a snapshot is not hashed.
+    assert 10_000_000 <= window <= 200_000_000
+    now = 1_800_000_000_123_456_789
+    age = {"window": window, "window-1": window - 1}.get(age_ns, age_ns)  # type: ignore[call-overload]
+    stamp = (now - age) // 1_000_000_000 * 1_000_000_000 if whole_seconds else now - age
+    if whole_seconds:
+        monkeypatch.setattr(_blobstore.time, "time_ns", lambda: stamp + age)
+    else:
+        monkeypatch.setattr(_blobstore.time, "time_ns", lambda: now)
+    monkeypatch.setattr(_blobstore, "_VERIFIED", {})
+    store = _blobstore.LocalBlobStore(str(tmp_path / "store"))
+    digest = "ab" * 32
+    store._trust(digest, (1, 2, 3, stamp - 5 if not whole_seconds else stamp, stamp))
+    assert (digest in _blobstore._VERIFIED) is trusted
+
+
 @pytest.mark.anyio
 async def test_a_branch_names_the_damaged_file_and_leaves_no_tree(layout: TmpdirLayout) -> None:
     snap, root = make(layout)
@@ -411,3 +450,57 @@ def test_write_files_refuses_a_name_that_is_not_a_digest(tmp_path: Path) -> None
     finally:
         os.close(out)
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.anyio
+async def test_a_branch_from_remembered_bytes_still_notices_a_damaged_blob(
+    layout: TmpdirLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from corral_posix import _blobstore
+
+    monkeypatch.setattr(_blobstore, "_CONTENT", _blobstore._ContentMemory(64 << 20))
+    monkeypatch.setattr(_blobstore, "_VERIFIED", {})
+    snap, root = make(layout)
+    for i in range(300):
+        Path(root, f"f{i:03d}").write_text(f"file {i}\n")
+    info = await snap.snapshot()
+    time.sleep(_blobstore._SETTLED_NS / 1e9 * 1.5)  # the new blobs' stamps settle
+    first = await snap.branch(info.snapshot_id)  # hashes every blob, remembers the bytes
+    assert len(_blobstore._CONTENT.items) == 300
+    opened: list[str] = []
+    real_fill = _blobstore.LocalBlobStore._fill
+
+    def counting(self: Any, fd: int, root_fd: int, digest: str, size: int, *, entry: int) -> None:
+        opened.append(digest)
+        real_fill(self, fd, root_fd, digest, size, entry=entry)
+
+    monkeypatch.setattr(_blobstore.LocalBlobStore, "_fill", counting)
+    second = await snap.branch(info.snapshot_id)
+    assert opened == []  # every file came from memory
+    for ref in (first, second):
+        there = Path(layout.workspace_path(ref.payload["workspace"]))  # type: ignore[index]
+        assert (there / "f123").read_text() == "file 123\n"
+        assert sorted(os.listdir(there)) == sorted(os.listdir(root))
+    await snap.conformance_damage(info.snapshot_id, "/f123", "corrupt")
+    with pytest.raises(OperationError) as caught:
+        await snap.branch(info.snapshot_id)
+    assert "/f123" in str(caught.value)
+    assert "corrupt" in str(caught.value)
+    assert len(opened) == 1  # only the damaged file's blob was opened (and hashed)
+
+
+def test_remembered_bytes_stay_within_their_budget() -> None:
+    from corral_posix import _blobstore
+
+    memory = _blobstore._ContentMemory(10_000)
+    now = time.time_ns()
+    for i in range(25):
+        data = bytes([i]) * 1000
+        memory.keep(f"{i:064x}", (1, i, len(data), now, now), data)
+        assert sum(len(c) for _i, c in memory.items.values()) <= 10_000
+    assert memory.items  # emptied when full, then filled again
+    big = b"x" * (_blobstore._ContentMemory.small + 1)
+    memory.keep("f" * 64, (1, 99, len(big), now, now), big)
+    assert "f" * 64 not in memory.items  # only small blobs are kept
+    memory.keep("e" * 64, (1, 98, 5, now, now), b"four")
+    assert "e" * 64 not in memory.items  # bytes that are not the whole file are refused

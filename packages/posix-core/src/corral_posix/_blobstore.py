@@ -25,6 +25,7 @@ import operator
 import os
 import re
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -143,7 +144,74 @@ _VERIFIED_MAX: Final = 1 << 17
 # whose identity is unchanged holds the bytes that were verified. Bounded
 # (about 30 MB at most), emptied when full.
 _VERIFIED: Final[dict[str, _Ident]] = {}
-_SETTLED_NS: Final = 200_000_000
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    """Write all of ``view`` (a regular file may take less than asked)."""
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _settle_window_ns() -> int:
+    """How long after a file's last change its timestamps are sure to move on the next one.
+
+    The kernel stamps files from its coarse clock, which lags the precise
+    clock by less than one tick: once the precise clock is two ticks past a
+    stamp, any later change gets a later stamp. Four ticks (at least 10 ms)
+    leave room; where the tick cannot be read (not Linux), 200 ms.
+    """
+    if not sys.platform.startswith("linux"):
+        return 200_000_000
+    try:
+        tick = time.clock_getres(getattr(time, "CLOCK_REALTIME_COARSE", 5))  # 5: Linux's number
+    except OSError:
+        return 200_000_000
+    return max(4 * round(tick * 1e9), 10_000_000)
+
+
+_SETTLED_NS: Final = _settle_window_ns()
+
+
+class _ContentMemory:
+    """Small verified blobs' bytes, so a branch writes them from memory.
+
+    digest -> (identity, content): used only while the blob file's identity
+    (one stat) is still the one it had when its content hashed right, so
+    damage to the file is noticed exactly as for :data:`_VERIFIED`, and a
+    file is written with an open, a write and a close instead of also an
+    open, two fstats, a copy and a close of the blob. Bounded by ``budget``
+    bytes, emptied when full.
+    """
+
+    small: Final = 64 << 10
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.items: dict[str, tuple[_Ident, bytes]] = {}
+        self._used = 0
+        self._lock = threading.Lock()
+
+    def keep(self, digest: str, ident: _Ident, content: bytes) -> None:
+        """Remember ``content`` (verified, of a blob whose file has ``ident``) if it is small."""
+        if len(content) != ident[2] or len(content) > self.small:
+            return
+        with self._lock:
+            if self._used + len(content) > self.budget:
+                self.items.clear()
+                self._used = 0
+            if digest not in self.items:
+                self._used += len(content)
+            self.items[digest] = (ident, content)
+
+    def drop(self, digest: str) -> None:
+        """Forget a blob (its bytes stay counted until the next emptying)."""
+        self.items.pop(digest, None)
+
+
+_CONTENT: Final = _ContentMemory(64 << 20)
+# A stamp with no fraction of a second may come from a filesystem that keeps
+# whole seconds (or two): its files are trusted only once that is surely past.
+_WHOLE_SECONDS_SETTLED_NS: Final = 3_000_000_000
 
 
 _ident: Final[Callable[[os.stat_result], _Ident]] = operator.attrgetter(
@@ -241,9 +309,7 @@ class LocalBlobStore:
             return 0
         tmp, fd = self._tmp()
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            _write_all(fd, memoryview(data))
         except BaseException:
             os.close(fd)
             os.unlink(tmp)
@@ -261,9 +327,7 @@ class LocalBlobStore:
             while chunk := os.read(src_fd, _CHUNK):
                 hasher.update(chunk)
                 size += len(chunk)
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view) :]
+                _write_all(fd, memoryview(chunk))
         except BaseException:
             os.close(fd)
             os.unlink(tmp)
@@ -311,15 +375,24 @@ class LocalBlobStore:
                 raise
         raise BlobError(digest, "missing")
 
-    def _trust(self, digest: str, ident: _Ident) -> None:
+    def _trust(self, digest: str, ident: _Ident, content: bytes | None = None) -> None:
         # Timestamps tick coarsely: a change within a tick of the last one can
         # leave them as they were, so only a blob untouched for a while is
         # recognised by them later (git's "racily clean" rule).
-        if time.time_ns() - max(ident[3], ident[4]) < _SETTLED_NS:
+        last = max(ident[3], ident[4])
+        coarse = ident[3] % 1_000_000_000 == 0 and ident[4] % 1_000_000_000 == 0
+        if time.time_ns() - last < (_WHOLE_SECONDS_SETTLED_NS if coarse else _SETTLED_NS):
             return
         if len(_VERIFIED) >= _VERIFIED_MAX:
             _VERIFIED.clear()
         _VERIFIED[digest] = ident
+        if content is not None:
+            _CONTENT.keep(digest, ident, content)
+
+    @staticmethod
+    def _distrust(digest: str) -> None:
+        _VERIFIED.pop(digest, None)
+        _CONTENT.drop(digest)
 
     def copy_verified(self, digest: str, dst_fd: int, size_hint: int = 0) -> int:
         """Copy (or reflink) the blob into ``dst_fd``, verifying every byte.
@@ -336,7 +409,7 @@ class LocalBlobStore:
                 if _ident(os.fstat(src)) == before:
                     return size
                 # Changed while copied: start over, hashing this time.
-                _VERIFIED.pop(digest, None)
+                self._distrust(digest)
                 os.lseek(src, 0, os.SEEK_SET)
                 os.lseek(dst_fd, 0, os.SEEK_SET)
                 os.ftruncate(dst_fd, 0)
@@ -347,13 +420,14 @@ class LocalBlobStore:
                 cloned = clone_or_copy(src, dst_fd)
                 self._can_clone = cloned
             want = min(size_hint, _CHUNK) + 1
+            first = b""
             while chunk := os.read(src, want):
                 hasher.update(chunk)
+                if not size:
+                    first = chunk
                 size += len(chunk)
                 if not cloned:
-                    view = memoryview(chunk)
-                    while view:
-                        view = view[os.write(dst_fd, view) :]
+                    _write_all(dst_fd, memoryview(chunk))
                 if len(chunk) < want:
                     break  # a short read of a regular file is its end
                 want = _CHUNK
@@ -361,10 +435,10 @@ class LocalBlobStore:
         finally:
             os.close(src)
         if hasher.hexdigest() != digest:
-            _VERIFIED.pop(digest, None)
+            self._distrust(digest)
             raise BlobError(digest, "corrupt")
         if after == before:
-            self._trust(digest, before)
+            self._trust(digest, before, first if len(first) == size else None)
         return size
 
     def write_files(
@@ -393,43 +467,57 @@ class LocalBlobStore:
         if any(len(d) != 64 for d in digests) or not set("".join(digests)) <= _HEX:
             raise BlobError("?", "missing", 0)  # never a path: names are hex digests
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fstat, open_, close, verified = os.fstat, os.open, os.close, _VERIFIED
-        copy = os.copy_file_range
+        open_, close, stat_, write, kept_ = os.open, os.close, os.stat, os.write, _CONTENT.items
         root_fd = self._root()
         for k, (name, digest, size, mode) in enumerate(entries):
+            rel = f"{digest[:2]}/{digest[2:]}"
+            kept = kept_.get(digest)
+            if kept is not None:
+                try:
+                    if _ident(stat_(rel, dir_fd=root_fd, follow_symlinks=False)) != kept[0]:
+                        kept = None  # the file changed since its bytes were remembered
+                except OSError:
+                    kept = None
             fd = open_(name, flags, mode, dir_fd=dir_fd)
             try:
-                try:
-                    src = open_(f"{digest[:2]}/{digest[2:]}", _READ, dir_fd=root_fd)
-                except OSError:
-                    try:
-                        src = self._open(digest)  # the slow path names what went wrong
-                    except BlobError as exc:
-                        raise BlobError(digest, exc.reason, k) from None
-                try:
-                    before = _ident(fstat(src))
-                    trusted = verified.get(digest) == before
-                    if trusted:
-                        if self._can_clone or copy(src, fd, before[2]) != before[2]:
-                            os.lseek(src, 0, os.SEEK_SET)
-                            os.lseek(fd, 0, os.SEEK_SET)
-                            self._copy_plain(src, fd, before[2])
-                        trusted = _ident(fstat(src)) == before
-                finally:
-                    close(src)
-                if not trusted:
-                    os.lseek(fd, 0, os.SEEK_SET)
-                    os.ftruncate(fd, 0)
-                    try:
-                        self.copy_verified(digest, fd, size)
-                    except BlobError as exc:
-                        raise BlobError(digest, exc.reason, k) from None
+                if kept is None:
+                    self._fill(fd, root_fd, digest, size, entry=k)
+                elif (done := write(fd, kept[1])) != len(kept[1]):
+                    _write_all(fd, memoryview(kept[1])[done:])
                 if owner is not None:
                     os.fchown(fd, *owner)
                 if umask is None or mode & umask:
                     os.fchmod(fd, mode)  # the umask took bits the version holds
             finally:
                 close(fd)
+
+    def _fill(self, fd: int, root_fd: int, digest: str, size: int, *, entry: int) -> None:
+        """Fill a new file from a blob the kernel copies when it is remembered as verified."""
+        try:
+            src = os.open(f"{digest[:2]}/{digest[2:]}", _READ, dir_fd=root_fd)
+        except OSError:
+            try:
+                src = self._open(digest)  # the slow path names what went wrong
+            except BlobError as exc:
+                raise BlobError(digest, exc.reason, entry) from None
+        try:
+            before = _ident(os.fstat(src))
+            trusted = _VERIFIED.get(digest) == before
+            if trusted:
+                if self._can_clone or os.copy_file_range(src, fd, before[2]) != before[2]:
+                    os.lseek(src, 0, os.SEEK_SET)
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    self._copy_plain(src, fd, before[2])
+                trusted = _ident(os.fstat(src)) == before
+        finally:
+            os.close(src)
+        if not trusted:
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.ftruncate(fd, 0)
+            try:
+                self.copy_verified(digest, fd, size)
+            except BlobError as exc:
+                raise BlobError(digest, exc.reason, entry) from None
 
     def _copy_plain(self, src: int, dst_fd: int, size: int) -> int:
         """Copy ``size`` bytes in the kernel (or reflink them); return the bytes copied."""
@@ -445,9 +533,7 @@ class LocalBlobStore:
             if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
                 raise
             while chunk := os.read(src, _CHUNK):
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(dst_fd, view) :]
+                _write_all(dst_fd, memoryview(chunk))
                 done += len(chunk)
         return done
 
@@ -470,10 +556,10 @@ class LocalBlobStore:
         if after == before and _VERIFIED.get(digest) == before:
             return whole
         if hashlib.sha256(whole).hexdigest() != digest:
-            _VERIFIED.pop(digest, None)
+            self._distrust(digest)
             raise BlobError(digest, "corrupt")
         if after == before:
-            self._trust(digest, before)
+            self._trust(digest, before, whole)
         return whole
 
     def delete(self, digest: str) -> None:
