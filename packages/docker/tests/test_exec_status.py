@@ -23,6 +23,7 @@ import contextlib
 import json
 import pathlib
 import re
+import socket
 import socketserver
 import struct
 import subprocess
@@ -65,6 +66,7 @@ class _Behaviour:
         self.hold_start: threading.Event | None = None  # answer the start once set
         self.start_answered = False
         self.start_closed = threading.Event()
+        self.reset_after_stdout = False  # break the connection (TCP reset) mid-output
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -112,6 +114,16 @@ class _Handler(BaseHTTPRequestHandler):
             if b.hold_start is not None:
                 b.hold_start.wait(30)
                 b.start_answered = True
+            if b.reset_after_stdout:
+                self.wfile.write(_HEAD + _frame(1, b.stdout))
+                self.wfile.flush()
+                # Linger 0: close() sends a reset, as a dying engine or a cut link does.
+                self.connection.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                )
+                self.connection.close()
+                self.close_connection = True
+                return
             # The head and the output in one write: a client that reads late
             # finds them in one buffer.
             self.wfile.write(_HEAD + frames)
@@ -192,6 +204,23 @@ async def test_output_sent_with_the_upgrade_answer_is_kept(
     try:
         for _ in range(3):
             assert await _run(engine, via) == (3, b"out\n", b"err\n")
+    finally:
+        await engine.aclose()
+
+
+# Over TCP only: a unix socket cannot be reset, its close is the end of the output.
+@pytest.mark.parametrize("fake_engine", ["tcp"], indirect=True)
+@pytest.mark.parametrize("via", ["exec", "attach"])
+async def test_a_connection_broken_mid_output_is_an_error_not_an_end(
+    fake_engine: tuple[str, _Behaviour], via: str
+) -> None:
+    url, behaviour = fake_engine
+    behaviour.reset_after_stdout = True
+    engine = SdkEngine(url)
+    try:
+        with pytest.raises(EngineError, match="connection to the engine broke"):
+            await _run(engine, via)
+        assert behaviour.inspects == 0  # no status was waited for as if the output ended
     finally:
         await engine.aclose()
 

@@ -182,6 +182,11 @@ class _Pipe:
             # state and with it the read side.
             socket.socket.shutdown(self._sock, socket.SHUT_WR)
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (a failed read after it is the close, not a fault)."""
+        return self._closed
+
     def close(self) -> None:
         """Close both ways; wakes a thread blocked in :meth:`recv`. Idempotent."""
         if self._closed:
@@ -198,6 +203,12 @@ class _Pipe:
         # Closing a dead connection must not mask the error that killed it.
         with contextlib.suppress(Exception):
             self._response.close()
+
+
+_LOST = (
+    "exec: the connection to the engine broke while the command's output was read; "
+    "some of its output may be missing"
+)
 
 
 class AttachedExec:
@@ -234,11 +245,19 @@ class AttachedExec:
         self._trailer_code: int | None = None
         self._eof = False
         self._broken = False
+        self._lost = False
         self._stdin_closed = False
 
     async def receive(self) -> list[Chunk] | None:
-        """The next output (one or more chunks), or None at the end of the streams."""
+        """The next output (one or more chunks), or None at the end of the streams.
+
+        Raises:
+            EngineError: The connection broke before the end (output may be
+                missing), or an earlier read was cancelled.
+        """
         while True:
+            if self._lost:
+                raise EngineError(_LOST)
             if self._eof:
                 return None
             if self._broken:
@@ -253,6 +272,8 @@ class AttachedExec:
             except anyio.get_cancelled_exc_class():
                 self._broken = True
                 raise
+            if self._lost:
+                raise EngineError(_LOST)
             if not data:
                 self._eof = True
                 return self._finish()
@@ -266,9 +287,14 @@ class AttachedExec:
         For readers that must never lose bytes to a cancelled wait (a code
         context's channel): the thread reads, the event loop waits on what
         it hands over. :meth:`aclose` from elsewhere ends it.
+
+        Raises:
+            EngineError: The connection broke before the end.
         """
         while not self._eof:
             data = self._recv()
+            if self._lost:
+                raise EngineError(_LOST)
             if not data:
                 self._eof = True
                 return self._finish()
@@ -281,6 +307,11 @@ class AttachedExec:
         try:
             return self._pipe.recv()
         except OSError:
+            # After aclose() the failure is the close itself: the reader was told
+            # to stop. Otherwise the connection broke (the engine reset it, the ssh
+            # link dropped): an end of output would be a lie, output may be missing.
+            if not self._pipe.closed:
+                self._lost = True
             return b""
 
     def _parse(self, data: bytes) -> list[Chunk]:
