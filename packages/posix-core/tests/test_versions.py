@@ -504,3 +504,74 @@ def test_remembered_bytes_stay_within_their_budget() -> None:
     assert "f" * 64 not in memory.items  # only small blobs are kept
     memory.keep("e" * 64, (1, 98, 5, now, now), b"four")
     assert "e" * 64 not in memory.items  # bytes that are not the whole file are refused
+
+
+def _large_tree(root: str) -> None:
+    """Directories of large files (handed to the second thread) and of small ones (not)."""
+    rng = random.Random(5)
+    for d in range(5):
+        where = Path(root, f"big{d}", "inner") if d == 4 else Path(root, f"big{d}")
+        where.mkdir(parents=True)
+        for i in range(12):
+            (where / f"f{i}").write_bytes(rng.randbytes(rng.randrange(40_000, 120_000)))
+        os.chmod(where / "f3", 0o640)
+    small = Path(root, "small")
+    small.mkdir()
+    for i in range(40):
+        (small / f"s{i}").write_text(f"small {i}\n")
+    Path(root, "big0", "link").symlink_to("f1")
+    os.chmod(Path(root, "big1"), 0o555)  # read-only when left: written by the walk itself
+
+
+@pytest.mark.anyio
+async def test_a_branch_of_large_files_written_on_two_threads_is_the_version(
+    layout: TmpdirLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap, root = make(layout)
+    _large_tree(root)
+    info = await snap.snapshot()
+    handed: list[str] = []
+    real_take = _versions._Spread.take
+
+    def counting(self: Any, ap: Any, dir_fd: int, t_dir: int, files: Any) -> bool:
+        took: bool = real_take(self, ap, dir_fd, t_dir, files)
+        if took:
+            handed.append(ap.t.path(t_dir))
+        return took
+
+    monkeypatch.setattr(_versions, "_cpus", lambda: 2)
+    monkeypatch.setattr(_versions._Spread, "take", counting)
+    ref = await snap.branch(info.snapshot_id)
+    there = layout.workspace_path(ref.payload["workspace"])  # type: ignore[index]
+    try:
+        assert capture(there) == capture(root)
+        assert handed  # some directories were written by the second thread...
+        assert "/small" not in handed  # ...never one of small files
+        assert "/big1" not in handed  # ...nor one the walk leaves read-only
+    finally:
+        os.chmod(Path(there, "big1"), 0o755)
+        os.chmod(Path(root, "big1"), 0o755)
+
+
+@pytest.mark.anyio
+async def test_a_damaged_blob_in_a_directory_of_the_second_thread_fails_the_branch(
+    layout: TmpdirLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap, root = make(layout)
+    _large_tree(root)
+    info = await snap.snapshot()
+    monkeypatch.setattr(_versions, "_cpus", lambda: 2)
+    before = set(os.listdir(layout.base_dir))
+    for damaged in ("/big2/f7", "/big4/inner/f11", "/big0/f0", "/small/s3"):
+        await snap.conformance_damage(info.snapshot_id, damaged, "corrupt")
+        with pytest.raises(OperationError) as caught:
+            await snap.branch(info.snapshot_id)
+        assert damaged in str(caught.value)
+        assert "corrupt" in str(caught.value)
+        assert set(os.listdir(layout.base_dir)) == before  # the partial branch was removed
+        await snap.conformance_damage(info.snapshot_id, damaged, "corrupt")  # flipped back
+    ref = await snap.branch(info.snapshot_id)
+    there = layout.workspace_path(ref.payload["workspace"])  # type: ignore[index]
+    assert capture(there) == capture(root)
+    for top in (there, root):
+        os.chmod(Path(top, "big1"), 0o755)

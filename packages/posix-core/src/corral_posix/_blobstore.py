@@ -170,6 +170,9 @@ def _settle_window_ns() -> int:
 
 
 _SETTLED_NS: Final = _settle_window_ns()
+# A stamp with no fraction of a second may come from a filesystem that keeps
+# whole seconds (or two): its files are trusted only once that is surely past.
+_WHOLE_SECONDS_SETTLED_NS: Final = 3_000_000_000
 
 
 class _ContentMemory:
@@ -209,9 +212,6 @@ class _ContentMemory:
 
 
 _CONTENT: Final = _ContentMemory(64 << 20)
-# A stamp with no fraction of a second may come from a filesystem that keeps
-# whole seconds (or two): its files are trusted only once that is surely past.
-_WHOLE_SECONDS_SETTLED_NS: Final = 3_000_000_000
 
 
 _ident: Final[Callable[[os.stat_result], _Ident]] = operator.attrgetter(

@@ -22,7 +22,8 @@ to an ``O_EXCL`` temp file in their directory (content verified against its
 hash while copied) and renamed over, modes fixed, symlinks recreated as
 data. Directory modes are set when the walk leaves the directory, so a
 read-only directory still receives its entries. A branch (``fresh``) writes
-straight under the final names of a tree nobody else sees yet.
+straight under the final names of a tree nobody else sees yet, and hands
+directories of large files to a second thread (:class:`_Spread`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import os
 import secrets
 import stat
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Final
 
 import attrs
@@ -464,6 +466,7 @@ class _Applier:
         self.changed = 0
         self.links: list[bool] | None = None
         self.written: set[str] | None = None
+        self.spread: _Spread | None = None
 
     def note(self, name: str) -> None:
         """Count an entry changed (and remember its name when asked to)."""
@@ -603,12 +606,93 @@ def apply(
             written from it), or the tree cannot be changed.
     """
     ap = _Applier(target, index, blobs, label, owner, progress=progress, fresh=fresh)
+    if fresh and hasattr(blobs, "write_files") and _cpus() > 1:
+        ap.spread = _Spread()
     chain = DirChain(root_fd)
     try:
         _apply_walk(ap, chain, index is not None)
+    except BaseException:
+        if ap.spread is not None:
+            ap.spread.close(cancel=True)  # nothing may write into the tree being discarded
+        raise
+    else:
+        if ap.spread is not None:
+            ap.spread.close(cancel=False)  # raises what a handed-over directory raised
     finally:
         chain.close()
     return ap.changed
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class _Spread:
+    """A new tree's directories of large files, filled on a second thread as the walk goes on.
+
+    Copying a large file is one long system call, during which the GIL is
+    free, so two threads copy on two cores (git's parallel checkout, in one
+    process). Small files are not handed over: between their short calls
+    the threads would pass the GIL back and forth more than they work.
+    The walk hands a directory over while fewer than two wait, and
+    otherwise writes it itself, so neither thread idles; only directories
+    the walk leaves writable are handed over (a late file could be refused
+    by one it made read-only).
+    """
+
+    # A directory is handed over when its files hold this much on average
+    # and in all. Measured on 2 cores, 1000 files: at about 32 KiB a file
+    # (written from remembered bytes, short calls) two threads were 15%
+    # slower than one; at 48 KiB 15% faster; at 100 KiB 28% faster.
+    large_file: Final = 48 << 10
+    worth_it: Final = 1 << 20
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="corral-branch")
+        self.jobs: list[Future[None]] = []
+
+    def take(self, ap: _Applier, dir_fd: int, t_dir: int, files: list[tuple[str, int]]) -> bool:
+        """Hand ``files`` of the directory at ``dir_fd`` (borrowed) over, if worth it."""
+        t = ap.t
+        if t.mode[t_dir] & 0o300 != 0o300:
+            return False
+        total = sum(t.size[idx] for _name, idx in files)
+        if total < self.worth_it or total < self.large_file * len(files) or self._busy():
+            return False
+        own_fd = os.dup(dir_fd)
+        try:
+            self.jobs.append(self.pool.submit(_create_files_closing, ap, own_fd, files))
+        except BaseException:
+            os.close(own_fd)
+            raise
+        return True
+
+    def _busy(self) -> bool:
+        still: list[Future[None]] = []
+        for job in self.jobs:
+            if job.done():
+                job.result()  # a failed directory stops the walk at once
+            else:
+                still.append(job)
+        self.jobs = still
+        return len(still) >= 2
+
+    def close(self, *, cancel: bool) -> None:
+        """Wait for every job; with ``cancel``, drop those not started and raise nothing."""
+        self.pool.shutdown(wait=True, cancel_futures=cancel)
+        if not cancel:
+            for job in self.jobs:
+                job.result()
+
+
+def _create_files_closing(ap: _Applier, dir_fd: int, files: list[tuple[str, int]]) -> None:
+    try:
+        _create_files(ap, dir_fd, files)
+    finally:
+        os.close(dir_fd)
 
 
 def _apply_walk(ap: _Applier, chain: DirChain, indexed: bool) -> None:
@@ -649,7 +733,7 @@ def _apply_dir(ap: _Applier, dir_fd: int, t_dir: int, i_dir: int) -> list[tuple[
         want = t.children(t_dir)
         if ap.progress is not None:
             ap.progress.advance(len(want))
-        return _fill_dir(ap, dir_fd, want)
+        return _fill_dir(ap, dir_fd, t_dir, want)
     names, keys = _listing(dir_fd, ap.links)
     if ap.index is not None and i_dir >= 0:
         quick = _unchanged_dir(t, t_dir, ap.index, i_dir, (names, keys))
@@ -738,14 +822,17 @@ def _unchanged_dir(
     return _same_dir(index, i_dir, t, t_dir)
 
 
-def _fill_dir(ap: _Applier, dir_fd: int, want: dict[str, int]) -> list[tuple[str, int, int]]:
+def _fill_dir(
+    ap: _Applier, dir_fd: int, t_dir: int, want: dict[str, int]
+) -> list[tuple[str, int, int]]:
     """Create every entry of a directory of a new tree (a branch): nothing to compare."""
     t = ap.t
     subdirs: list[tuple[str, int, int]] = []
     files = [(name, idx) for name, idx in want.items() if t.kind[idx] == "f"]
     if files:
         ap.changed += len(files)
-        _create_files(ap, dir_fd, files)
+        if ap.spread is None or not ap.spread.take(ap, dir_fd, t_dir, files):
+            _create_files(ap, dir_fd, files)
     for name, idx in want.items():
         kind = t.kind[idx]
         if kind == "f":
