@@ -239,3 +239,37 @@ async def test_versions_race_a_directory_swapped_for_a_symlink_from_inside(
         assert _version(snap, last.snapshot_id) == _fresh_scan(root)
     finally:
         await ws.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("names", "deep"),
+    [
+        ({"a.txt", "src"}, False),
+        ({"a.txt", ".git"}, True),  # a nested repository may have come back
+        ({".gitmodules"}, True),
+        ({".github"}, True),  # named like one: walked, to be safe
+        ({"x.git", "git", "a.gitx"}, False),
+        (set(), False),
+    ],
+)
+async def test_a_patch_walks_for_nested_repositories_only_when_a_name_could_be_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, names: set[str], deep: bool
+) -> None:
+    provider = LocalSandboxProvider(tmpdir_root=str(tmp_path))
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "state").mkdir()
+    isolation = await provider.prepare_isolation(
+        str(tmp_path / "ws"), state_dir=str(tmp_path / "state"), capabilities=frozenset({"fs"})
+    )
+    seen: list[bool] = []
+
+    def spy(root: str, state_dir: str, *, deep: bool = True) -> Any:
+        seen.append(deep)
+
+    monkeypatch.setattr(provider, "_checker", spy)
+    assert isolation.after_patch is not None
+    isolation.after_patch(
+        str(tmp_path / "ws"), str(tmp_path / "state"), names | {f"f{i}" for i in range(500)}
+    )
+    assert seen == [deep]

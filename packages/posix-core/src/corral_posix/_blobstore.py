@@ -21,6 +21,7 @@ import ctypes
 import errno
 import fcntl
 import hashlib
+import itertools
 import operator
 import os
 import re
@@ -183,7 +184,7 @@ class _ContentMemory:
     damage to the file is noticed exactly as for :data:`_VERIFIED`, and a
     file is written with an open, a write and a close instead of also an
     open, two fstats, a copy and a close of the blob. Bounded by ``budget``
-    bytes, emptied when full.
+    bytes: when full, the oldest quarter is forgotten.
     """
 
     small: Final = 64 << 10
@@ -199,16 +200,22 @@ class _ContentMemory:
         if len(content) != ident[2] or len(content) > self.small:
             return
         with self._lock:
+            items = self.items
             if self._used + len(content) > self.budget:
-                self.items.clear()
-                self._used = 0
-            if digest not in self.items:
+                # The oldest quarter goes (a dict keeps insertion order): a tree
+                # larger than the budget keeps most of what fits, not a remainder.
+                for old in list(itertools.islice(items, len(items) // 4 + 1)):
+                    self._used -= len(items.pop(old)[1])
+            if digest not in items:
                 self._used += len(content)
-            self.items[digest] = (ident, content)
+            items[digest] = (ident, content)
 
     def drop(self, digest: str) -> None:
-        """Forget a blob (its bytes stay counted until the next emptying)."""
-        self.items.pop(digest, None)
+        """Forget a blob."""
+        with self._lock:
+            gone = self.items.pop(digest, None)
+            if gone is not None:
+                self._used -= len(gone[1])
 
 
 _CONTENT: Final = _ContentMemory(64 << 20)
