@@ -498,7 +498,11 @@ def test_remembered_bytes_stay_within_their_budget() -> None:
         data = bytes([i]) * 1000
         memory.keep(f"{i:064x}", (1, i, len(data), now, now), data)
         assert sum(len(c) for _i, c in memory.items.values()) <= 10_000
-    assert memory.items  # emptied when full, then filled again
+    assert f"{24:064x}" in memory.items  # the newest stays, the oldest went
+    assert f"{0:064x}" not in memory.items
+    assert len(memory.items) >= 7
+    memory.drop(f"{24:064x}")
+    assert f"{24:064x}" not in memory.items
     big = b"x" * (_blobstore._ContentMemory.small + 1)
     memory.keep("f" * 64, (1, 99, len(big), now, now), big)
     assert "f" * 64 not in memory.items  # only small blobs are kept
