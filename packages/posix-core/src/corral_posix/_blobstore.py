@@ -184,10 +184,15 @@ class _ContentMemory:
     damage to the file is noticed exactly as for :data:`_VERIFIED`, and a
     file is written with an open, a write and a close instead of also an
     open, two fstats, a copy and a close of the blob. Bounded by ``budget``
-    bytes: when full, the oldest quarter is forgotten.
+    bytes, each entry counted with its objects' overhead: when full, the
+    oldest quarter is forgotten.
     """
 
     small: Final = 64 << 10
+    # What an entry costs beyond its content: the digest string (113 bytes),
+    # the identity tuple and its ints (236), the pair (56), the bytes header
+    # (33) and the dict slot -- measured with sys.getsizeof, rounded up.
+    overhead: Final = 512
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
@@ -199,15 +204,16 @@ class _ContentMemory:
         """Remember ``content`` (verified, of a blob whose file has ``ident``) if it is small."""
         if len(content) != ident[2] or len(content) > self.small:
             return
+        cost = len(content) + self.overhead
         with self._lock:
             items = self.items
-            if self._used + len(content) > self.budget:
+            if self._used + cost > self.budget:
                 # The oldest quarter goes (a dict keeps insertion order): a tree
                 # larger than the budget keeps most of what fits, not a remainder.
                 for old in list(itertools.islice(items, len(items) // 4 + 1)):
-                    self._used -= len(items.pop(old)[1])
+                    self._used -= len(items.pop(old)[1]) + self.overhead
             if digest not in items:
-                self._used += len(content)
+                self._used += cost
             items[digest] = (ident, content)
 
     def drop(self, digest: str) -> None:
@@ -215,7 +221,7 @@ class _ContentMemory:
         with self._lock:
             gone = self.items.pop(digest, None)
             if gone is not None:
-                self._used -= len(gone[1])
+                self._used -= len(gone[1]) + self.overhead
 
 
 _CONTENT: Final = _ContentMemory(64 << 20)
