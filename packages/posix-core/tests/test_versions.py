@@ -470,9 +470,9 @@ async def test_a_branch_from_remembered_bytes_still_notices_a_damaged_blob(
     opened: list[str] = []
     real_fill = _blobstore.LocalBlobStore._fill
 
-    def counting(self: Any, fd: int, root_fd: int, digest: str, size: int, *, entry: int) -> None:
+    def counting(self: Any, fd: int, root_fd: int, digest: str, size: int, **kw: Any) -> None:
         opened.append(digest)
-        real_fill(self, fd, root_fd, digest, size, entry=entry)
+        real_fill(self, fd, root_fd, digest, size, **kw)
 
     monkeypatch.setattr(_blobstore.LocalBlobStore, "_fill", counting)
     second = await snap.branch(info.snapshot_id)

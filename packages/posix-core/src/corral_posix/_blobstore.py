@@ -494,7 +494,7 @@ class LocalBlobStore:
             fd = open_(name, flags, mode, dir_fd=dir_fd)
             try:
                 if kept is None:
-                    self._fill(fd, root_fd, digest, size, entry=k)
+                    self._fill(fd, root_fd, digest, size, rel=rel, entry=k)
                 elif (done := write(fd, kept[1])) != len(kept[1]):
                     _write_all(fd, memoryview(kept[1])[done:])
                 if owner is not None:
@@ -504,10 +504,10 @@ class LocalBlobStore:
             finally:
                 close(fd)
 
-    def _fill(self, fd: int, root_fd: int, digest: str, size: int, *, entry: int) -> None:
-        """Fill a new file from a blob the kernel copies when it is remembered as verified."""
+    def _fill(self, fd: int, root_fd: int, digest: str, size: int, *, rel: str, entry: int) -> None:
+        """Fill a new file from a blob (at ``rel`` in the store) the kernel copies when verified."""
         try:
-            src = os.open(f"{digest[:2]}/{digest[2:]}", _READ, dir_fd=root_fd)
+            src = os.open(rel, _READ, dir_fd=root_fd)
         except OSError:
             try:
                 src = self._open(digest)  # the slow path names what went wrong
