@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from corral.provider import OperationError, WorkspaceRef
 from corral_posix import TmpdirLayout, TmpdirSnapshotter, _versions, remove_tree
@@ -452,6 +454,119 @@ def test_write_files_refuses_a_name_that_is_not_a_digest(tmp_path: Path) -> None
     assert not (tmp_path / "x").exists()
 
 
+def _trusted_blob(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, str, Path, bytes]:
+    """A store holding one blob that hashed right and is trusted by its file's identity."""
+    from corral_posix import _blobstore
+
+    monkeypatch.setattr(_blobstore, "_VERIFIED", {})
+    monkeypatch.setattr(_blobstore, "_CONTENT", _blobstore._ContentMemory(0))  # never from memory
+    store = _blobstore.LocalBlobStore(str(tmp_path / "store"))
+    store._can_clone = False  # the kernel copies (copy_file_range), as on tmpfs
+    data = random.Random(3).randbytes(5000)
+    digest, _size, _stored = store.put_fd(_readable(tmp_path / "src", data))
+    time.sleep(_blobstore._SETTLED_NS / 1e9 * 1.5)  # its stamps settle: any change moves them
+    assert store.read_verified(digest, 10_000) == data
+    assert digest in _blobstore._VERIFIED
+    return store, digest, tmp_path / "store" / digest[:2] / digest[2:], data
+
+
+def _readable(path: Path, data: bytes) -> int:
+    path.write_bytes(data)
+    return os.open(path, os.O_RDONLY)
+
+
+@pytest.mark.parametrize("when", ["before", "during"])
+def test_a_trusted_blob_changed_before_or_while_a_branch_copies_it_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """A trusted blob is copied first and its identity looked at after: a change is still caught."""
+    from corral_posix import _blobstore
+
+    store, digest, blob, data = _trusted_blob(tmp_path, monkeypatch)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    out = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY)
+    hashed: list[str] = []
+    real_verified = _blobstore.LocalBlobStore.copy_verified
+
+    def spy(self: Any, d: str, fd: int, size_hint: int = 0) -> int:
+        hashed.append(d)
+        return real_verified(self, d, fd, size_hint)
+
+    monkeypatch.setattr(_blobstore.LocalBlobStore, "copy_verified", spy)
+    try:
+        store.write_files(out, [("ok", digest, len(data), 0o644)], umask=None, owner=None)
+        assert (out_dir / "ok").read_bytes() == data
+        assert hashed == []  # trusted: copied by the kernel, not hashed again
+        if when == "before":
+            _damage(blob)
+        else:
+            real_copy = os.copy_file_range
+
+            def damaging(src: int, dst: int, count: int, *args: Any) -> int:
+                monkeypatch.setattr(os, "copy_file_range", real_copy)
+                _damage(blob)  # between the open and the copy
+                return real_copy(src, dst, count, *args)
+
+            monkeypatch.setattr(os, "copy_file_range", damaging)
+        with pytest.raises(_blobstore.BlobError) as caught:
+            store.write_files(
+                out,
+                [("a", digest, len(data), 0o644), ("b", digest, len(data), 0o644)],
+                umask=None,
+                owner=None,
+            )
+        assert caught.value.reason == "corrupt"
+        assert caught.value.entry == 0
+        assert hashed == [digest]  # the changed identity sent it to be hashed
+        assert digest not in _blobstore._VERIFIED
+    finally:
+        os.close(out)
+
+
+@pytest.mark.parametrize(
+    ("names", "ok"),
+    [
+        ([], True),
+        (["0123456789abcdef" * 4], True),
+        (["ab" * 32, "cd" * 32], True),
+        (["AB" * 32], False),  # upper-case digits name no blob
+        (["ab" * 31 + "aB"], False),
+        (["ab" * 31 + " a"], False),  # whitespace, which bytes.fromhex would skip
+        (["ab" * 31 + "\t\n"], False),
+        (["ab" * 31 + "a\u0660"], False),  # a non-ASCII digit
+        (["ab" * 31 + "a\uff10"], False),  # a full-width digit
+        (["ab" * 31 + "ag"], False),
+        (["ab" * 32 + "a"], False),
+        (["ab" * 31 + "a"], False),
+        (["ab" * 32, "ab" * 31 + "a", "a"], False),  # the lengths add up, one is short
+        (["ab" * 32, ""], False),
+        (["../" * 21 + "x"], False),
+    ],
+)
+def test_all_blob_names_accepts_exactly_64_lowercase_hex_digits(names: list[str], ok: bool) -> None:
+    from corral_posix import _blobstore
+
+    assert _blobstore.all_blob_names(names) is ok
+    assert ok == all(_blobstore.BLOB_NAME.fullmatch(n) for n in names)
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.text(alphabet="0123456789abcdef", min_size=64, max_size=64),
+            st.text(alphabet="0123456789abcdefABCDEF \t\n\x00g\u0660", min_size=60, max_size=66),
+        ),
+        max_size=5,
+    )
+)
+@settings(max_examples=300, deadline=None)
+def test_all_blob_names_agrees_with_the_blob_name_pattern(names: list[str]) -> None:
+    from corral_posix import _blobstore
+
+    assert _blobstore.all_blob_names(names) == all(_blobstore.BLOB_NAME.fullmatch(n) for n in names)
+
+
 @pytest.mark.anyio
 async def test_a_branch_from_remembered_bytes_still_notices_a_damaged_blob(
     layout: TmpdirLayout, monkeypatch: pytest.MonkeyPatch
@@ -509,6 +624,12 @@ def test_remembered_bytes_stay_within_their_budget() -> None:
     assert "f" * 64 not in memory.items  # only small blobs are kept
     memory.keep("e" * 64, (1, 98, 5, now, now), b"four")
     assert "e" * 64 not in memory.items  # bytes that are not the whole file are refused
+    for _ in range(3):  # the same blob again replaces its entry, counted once
+        memory.keep("d" * 64, (1, 97, 4, now, now), b"same")
+    assert memory._used == sum(len(c) + memory.overhead for _i, c in memory.items.values())
+    tiny = _blobstore._ContentMemory(100)
+    tiny.keep("c" * 64, (1, 96, 4, now, now), b"four")  # its overhead alone is over the budget
+    assert tiny.items == {}
 
 
 def _large_tree(root: str) -> None:

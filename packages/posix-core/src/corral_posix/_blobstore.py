@@ -32,10 +32,17 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Final, Protocol
 
-__all__ = ["BLOB_NAME", "BlobError", "BlobStore", "LocalBlobStore", "clone_or_copy", "syncfs"]
+__all__ = [
+    "BLOB_NAME",
+    "BlobError",
+    "BlobStore",
+    "LocalBlobStore",
+    "all_blob_names",
+    "clone_or_copy",
+    "syncfs",
+]
 
 BLOB_NAME: Final = re.compile(r"[0-9a-f]{64}")
-_HEX: Final = frozenset("0123456789abcdef")
 """What a blob name (a content hash) looks like."""
 _CHUNK: Final = 1 << 20
 _FICLONE: Final = 0x40049409
@@ -147,6 +154,25 @@ _VERIFIED_MAX: Final = 1 << 17
 _VERIFIED: Final[dict[str, _Ident]] = {}
 
 
+def all_blob_names(names: list[str]) -> bool:
+    """Whether every string is a blob name (64 lowercase hex digits), in a few C-level passes.
+
+    A manifest or a branch checks 100,000 names at once: a set of the
+    joined characters costs about 0.6 us per name, this about 0.1 us.
+    ``bytes.fromhex`` rejects anything but hex digits and whitespace; the
+    length check rules out whitespace (each byte takes exactly two digits)
+    and the ``lower`` check upper-case digits.
+    """
+    if any(len(n) != 64 for n in names):
+        return False
+    joined = "".join(names)
+    try:
+        decoded = bytes.fromhex(joined)
+    except ValueError:
+        return False
+    return len(decoded) * 2 == len(joined) and joined.lower() == joined
+
+
 def _write_all(fd: int, view: memoryview) -> None:
     """Write all of ``view`` (a regular file may take less than asked)."""
     while view:
@@ -202,18 +228,20 @@ class _ContentMemory:
 
     def keep(self, digest: str, ident: _Ident, content: bytes) -> None:
         """Remember ``content`` (verified, of a blob whose file has ``ident``) if it is small."""
-        if len(content) != ident[2] or len(content) > self.small:
-            return
         cost = len(content) + self.overhead
+        if len(content) != ident[2] or len(content) > self.small or cost > self.budget:
+            return
         with self._lock:
             items = self.items
-            if self._used + cost > self.budget:
+            old = items.pop(digest, None)
+            if old is not None:
+                self._used -= len(old[1]) + self.overhead
+            while items and self._used + cost > self.budget:
                 # The oldest quarter goes (a dict keeps insertion order): a tree
                 # larger than the budget keeps most of what fits, not a remainder.
-                for old in list(itertools.islice(items, len(items) // 4 + 1)):
-                    self._used -= len(items.pop(old)[1]) + self.overhead
-            if digest not in items:
-                self._used += cost
+                for gone in list(itertools.islice(items, len(items) // 4 + 1)):
+                    self._used -= len(items.pop(gone)[1]) + self.overhead
+            self._used += cost
             items[digest] = (ident, content)
 
     def drop(self, digest: str) -> None:
@@ -476,8 +504,7 @@ class LocalBlobStore:
             BlobError: A blob is missing or corrupt; ``entry`` says which
                 (its file holds partial data; the caller discards the tree).
         """
-        digests = [e[1] for e in entries]
-        if any(len(d) != 64 for d in digests) or not set("".join(digests)) <= _HEX:
+        if not all_blob_names([e[1] for e in entries]):
             raise BlobError("?", "missing", 0)  # never a path: names are hex digests
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         open_, close, stat_, write, kept_ = os.open, os.close, os.stat, os.write, _CONTENT.items
@@ -514,14 +541,18 @@ class LocalBlobStore:
             except BlobError as exc:
                 raise BlobError(digest, exc.reason, entry) from None
         try:
-            before = _ident(os.fstat(src))
-            trusted = _VERIFIED.get(digest) == before
-            if trusted:
-                if self._can_clone or os.copy_file_range(src, fd, before[2]) != before[2]:
+            # Copy first, look after: a blob file whose identity is still the one
+            # it had when its content hashed right has not been written since
+            # (a change after the settle window moves its ctime), so what was
+            # copied is that content. One fstat per file instead of two.
+            known = _VERIFIED.get(digest)
+            trusted = False
+            if known is not None:
+                if self._can_clone or os.copy_file_range(src, fd, known[2]) != known[2]:
                     os.lseek(src, 0, os.SEEK_SET)
                     os.lseek(fd, 0, os.SEEK_SET)
-                    self._copy_plain(src, fd, before[2])
-                trusted = _ident(os.fstat(src)) == before
+                    self._copy_plain(src, fd, known[2])
+                trusted = _ident(os.fstat(src)) == known
         finally:
             os.close(src)
         if not trusted:

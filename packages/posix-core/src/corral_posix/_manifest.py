@@ -41,6 +41,8 @@ import attrs
 
 from corral.provider import FileEntry, FileStat, FileType, OperationError, VersionChange
 
+from ._blobstore import all_blob_names
+
 __all__ = [
     "MAGIC",
     "Builder",
@@ -387,9 +389,6 @@ def _split_v2(raw: bytes, max_entries: int) -> Manifest:
     return m
 
 
-_HEX: Final = frozenset("0123456789abcdef")
-
-
 def decode(raw: bytes, *, max_entries: int, max_bytes: int) -> Manifest:
     """Parse and validate a stored manifest (format 2, or format 1 of earlier versions).
 
@@ -428,7 +427,7 @@ def decode(raw: bytes, *, max_entries: int, max_bytes: int) -> Manifest:
         raise _bad("duplicate")
     files = [i for i, k in enumerate(m.kind) if k == "f"]
     hashes = [m.data[i] for i in files]
-    if any(len(h) != 64 for h in hashes) or not set("".join(hashes)) <= _HEX:
+    if not all_blob_names(hashes):
         raise _bad("hash")
     if sum(m.size[i] for i in files) > max_bytes:
         raise ManifestError(f"the version holds more than {max_bytes} bytes; refused")
