@@ -180,6 +180,67 @@ async def test_read_waits_for_new_bytes_and_wakes_on_them(ws: Workspace) -> None
     assert chunk.data == b"got-x\n"
 
 
+def _spy_sends(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Every message the manager sends to its process hosts after a start."""
+    sent: list[bytes] = []
+    real = processes_module._Live.send
+
+    def spy(self: Any, message: bytes, fds: Any = ()) -> bool:
+        sent.append(message)
+        return bool(real(self, message, fds))
+
+    monkeypatch.setattr(processes_module._Live, "send", spy)
+    return sent
+
+
+async def test_the_first_read_of_stdout_waits_on_the_wake_up_the_start_sent(
+    ws: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``D`` carries a wake-up for stdout at cursor 0: that read sends nothing and loses nothing."""
+    pm = pm_of(ws)
+    sent = _spy_sends(monkeypatch)
+    pid = await start(pm, "sleep 0.3; printf abcdef")
+    first = await pm.read(pid, cursor=0, max_bytes=2, wait_s=30)  # fewer than pushed
+    assert (first.data, first.cursor, first.next_cursor) == (b"ab", 0, 2)
+    assert not [m for m in sent if m[:1] == b"W"]  # it woke on the start's wake-up
+    rest = await pm.read(pid, cursor=2, wait_s=30)
+    assert rest.data == b"cdef"  # from the files: nothing lost, nothing twice
+    await pm.wait(pid, timeout_s=10)
+
+    # Another stream, or another cursor, first: each asks the host itself.
+    sent.clear()
+    pid = await start(pm, "sleep 0.3; printf err >&2; sleep 0.3; printf out")
+    assert (await pm.read(pid, "stderr", cursor=0, wait_s=30)).data == b"err"
+    assert [m[:1] for m in sent] == [b"W"]
+    assert (await pm.read(pid, cursor=0, wait_s=30)).data == b"out"  # the start's, still there
+    assert [m[:1] for m in sent] == [b"W"]
+    await pm.wait(pid, timeout_s=10)
+
+    sent.clear()
+    pid = await start(pm, "printf 123; sleep 0.3; printf 456")
+    assert await read_until(pm, pid, b"123") == 3
+    sent.clear()
+    assert (await pm.read(pid, cursor=3, wait_s=30)).data == b"456"
+    assert (await pm.wait(pid, timeout_s=10)).exit_code == 0
+    assert await read_all(pm, pid) == b"123456"
+
+
+async def test_a_start_sees_the_path_of_the_moment(
+    ws: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start environment is reused between starts, and rebuilt when PATH changes."""
+    pm = pm_of(ws)
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "corral-probe-tool").write_text("#!/bin/sh\necho probe\n")
+    (tools / "corral-probe-tool").chmod(0o755)
+    missing = await pm.start(ProcessRequest("corral-probe-tool"))
+    assert (await pm.wait(missing.process_id, timeout_s=10)).exit_code == 127
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    found = await pm.start(ProcessRequest("corral-probe-tool"))
+    assert await read_all(pm, found.process_id) == b"probe\n"
+
+
 async def test_waiting_on_a_closed_stream_of_a_running_process_does_not_spin(
     ws: Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -147,6 +147,19 @@ async def test_environment_is_minimal_and_scrubbed(
     assert all(p.startswith("/") for p in env["PATH"].split(":"))
 
 
+async def test_a_command_sees_the_path_of_the_moment(
+    shell: SubprocessShell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start environment is reused between commands, and rebuilt when PATH changes."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "corral-probe-tool").write_text("#!/bin/sh\necho probe\n")
+    (tools / "corral-probe-tool").chmod(0o755)
+    assert (await run(shell, "corral-probe-tool")).exit_code == 127
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    assert (await run(shell, "corral-probe-tool")).stdout == "probe\n"
+
+
 async def test_base_env_and_denied_request_env(tmp_path: Path) -> None:
     sh = SubprocessShell(tmp_path, base_env={"OPERATOR_SETTING": "1"})
     try:

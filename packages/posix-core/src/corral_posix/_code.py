@@ -55,9 +55,9 @@ from corral.provider import (
 from ._checker import CommandChecker
 from ._env import base_environment
 from ._reaper import FINAL, KIND_ERRNO
-from ._shell import ProcessLimits, _fd_array, _fd_path, _send
+from ._shell import ProcessLimits, _fd_array, _send
 from ._supervisor import POOL, Reaper, encode_limits, encode_request
-from ._wrapper import IDENTITY_WRAPPER, CommandWrapper, WrapContext
+from ._wrapper import IDENTITY_WRAPPER, CommandWrapper, WrapContext, fd_path
 
 __all__ = [
     "DRIVER_ARGS",
@@ -732,7 +732,7 @@ class _ReaperLauncher:
         in_r, in_w = os.pipe2(os.O_CLOEXEC)
         channel: _ReaperChannel | None = None
         try:
-            host_cwd = _fd_path(cwd_fd) or self.root
+            host_cwd = fd_path(cwd_fd) or self.root
             env = {**base_environment(self.root), **self._base_env, "MPLBACKEND": "Agg"}
             argv = [self._python, *args]
             wrapped = self._wrapper.wrap(argv, WrapContext(self.root, host_cwd, env))

@@ -13,6 +13,7 @@ from corral.provider import OperationError
 
 __all__ = [
     "DEFAULT_PATH",
+    "StartEnvironment",
     "base_environment",
     "check_environment",
     "denied_reason",
@@ -171,3 +172,30 @@ def base_environment(root: str) -> dict[str, str]:
         "LANG": "C.UTF-8",
         "TMPDIR": tempfile.gettempdir(),
     }
+
+
+class StartEnvironment:
+    """``base_environment(root)`` plus a module's ``base_env``, rebuilt only when its inputs change.
+
+    A command's start is on the path to its first output: the host's
+    ``PATH`` and the temp directory are looked up once, and again only
+    when either changed (``os.environ`` or ``tempfile.tempdir``).
+
+    Args:
+        root: Host path of the workspace root.
+        extra: Variables added over the base (the module's ``base_env``).
+    """
+
+    def __init__(self, root: str, extra: Mapping[str, str]) -> None:
+        self._root = root
+        self._extra = dict(extra)
+        self._cached: tuple[tuple[str | None, str | None], dict[str, str]] | None = None
+
+    def get(self) -> dict[str, str]:
+        """The environment (shared: copy it before changing it)."""
+        inputs = (os.environ.get("PATH"), tempfile.tempdir)
+        cached = self._cached
+        if cached is None or cached[0] != inputs:
+            cached = (inputs, {**base_environment(self._root), **self._extra})
+            self._cached = cached
+        return cached[1]

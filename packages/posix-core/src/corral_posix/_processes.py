@@ -77,12 +77,12 @@ from corral.provider import (
 
 from . import _prochost_launch
 from ._checker import CommandChecker
-from ._env import base_environment
+from ._env import StartEnvironment
 from ._fdtree import remove_tree_at
 from ._prochost_launch import PROCESS_HOSTS, IdleHosts
 from ._shell import ProcessLimits
 from ._streamlog import StreamExtent, extent, read_stream, segment_size
-from ._wrapper import IDENTITY_WRAPPER, CommandWrapper, WrapContext
+from ._wrapper import IDENTITY_WRAPPER, CommandWrapper, wrap_guarded
 
 __all__ = ["HostProcessManager", "ProcessChecks", "check_stream_read", "read_recorded_stream"]
 
@@ -164,6 +164,25 @@ class _Live:
         # finds bytes on disk; from at or after it, the read asks the host,
         # which pushes the first bytes the moment they exist.
         self.seen = [0, 0]
+        # A wake-up for stdout at cursor 0 the start already gave the host
+        # (``W`` sent with ``D``): the first such read waits on it.
+        self.first: socket.socket | None = None
+
+    def take_first(self, index: int, cursor: int) -> socket.socket | None:
+        """The start's wake-up, for a read of stdout from cursor 0 (once); else None."""
+        first = self.first
+        if first is None or index != 0:
+            return None
+        self.first = None
+        if cursor == 0:
+            return first
+        first.close()  # that reader has moved on: the host's end is closed at the latest at the end
+        return None
+
+    def drop_first(self) -> None:
+        first, self.first = self.first, None
+        if first is not None:
+            first.close()
 
     def close_stdin_fd(self) -> None:
         if self.stdin_fd >= 0:
@@ -219,6 +238,7 @@ class _Live:
             sock, self.sock = self.sock, None
         if sock is not None:
             sock.close()
+        self.drop_first()
 
 
 _Lives = list[_Live]
@@ -262,7 +282,7 @@ class HostProcessManager:
         self.terminal_wrapper = terminal_wrapper or self.wrapper
         # A terminal wrapper of the isolation's own gives the pty its session inside.
         self._ctty = terminal_wrapper is None
-        self._base_env = dict(base_env or {})
+        self._env = StartEnvironment(self.root, base_env or {})
         self._rlimits = [list(r) for r in (limits or ProcessLimits()).rlimits()]
         self._checks = checks
         self._provider_id = provider_id
@@ -311,8 +331,9 @@ class HostProcessManager:
         if master >= 0 and prepared.stdin_w >= 0:
             os.close(prepared.stdin_w)
         prepared.stdin_w = -1
-        prepared.close()
         live = _Live(pid, sock, stdin_fd, request.terminal is not None, prepared.idle_s)
+        live.first, prepared.first = prepared.first, None
+        prepared.close()
         with self._lock:
             if self._closed:
                 live.send(b"Kthe workspace closed")
@@ -365,13 +386,18 @@ class HostProcessManager:
         assert guarded.cwd_fd is not None
         prepared = _Prepared(guarded.cwd_fd)
         try:
-            env = {**base_environment(self.root), **self._base_env}
+            env = {**self._env.get()}
             if request.terminal is not None:
                 env["TERM"] = "xterm-256color"
             env.update(guarded.env)
-            host_cwd = _fd_path(guarded.cwd_fd) or os.path.join(self.root, *guarded.cwd_parts)
-            wrapper = self.wrapper if request.terminal is None else self.terminal_wrapper
-            wrapped = wrapper.wrap(guarded.argv, WrapContext(self.root, host_cwd, env))
+            wrapped = wrap_guarded(
+                self.wrapper if request.terminal is None else self.terminal_wrapper,
+                guarded.argv,
+                root=self.root,
+                cwd_fd=guarded.cwd_fd,
+                cwd_parts=guarded.cwd_parts,
+                env=env,
+            )
             _check_text([*wrapped.argv, *wrapped.env, *wrapped.env.values()])
             if request.terminal is None:
                 r, w = os.pipe2(os.O_CLOEXEC)
@@ -665,6 +691,7 @@ class HostProcessManager:
         live = self._live.pop(process_id, None)
         if live is not None:
             live.close_stdin_fd()
+            live.drop_first()
             live.ended = True
             self._free_host(live)
         await anyio.to_thread.run_sync(self._remove_record, process_id)
@@ -871,15 +898,19 @@ async def _pushed(live: _Live, index: int, cursor: int, most: int, within: float
     them; or it only closes the wake-up (the bytes are in an older segment,
     the stream or the host ended), and the caller reads the files.
     """
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     got = bytearray()
+    ours = live.take_first(index, cursor)
+    theirs = None
+    if ours is None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        ours.setblocking(False)
-        sent = live.send(b"W" + _WAIT.pack(index, cursor, most), [theirs.fileno()])
-        theirs.close()
-        if not sent:
-            live.ended = True
-            return b""
+        if theirs is not None:
+            ours.setblocking(False)
+            sent = live.send(b"W" + _WAIT.pack(index, cursor, most), [theirs.fileno()])
+            theirs.close()
+            if not sent:
+                live.ended = True
+                return b""
         with anyio.move_on_after(within):
             want = _PUSHED.size + most
             while len(got) < want:
@@ -897,7 +928,8 @@ async def _pushed(live: _Live, index: int, cursor: int, most: int, within: float
                     (end,) = _PUSHED.unpack_from(got)
                     want = _PUSHED.size + max(0, min(most, end - cursor))
     finally:
-        theirs.close()
+        if theirs is not None:
+            theirs.close()
         ours.close()
     if len(got) <= _PUSHED.size:
         return b""
@@ -947,26 +979,33 @@ def _send_spawn(prepared: _Prepared, payload: bytes, idle: IdleHosts) -> tuple[s
 
 
 def _send_record(prepared: _Prepared) -> None:
-    """Send the ``D`` message: the record and its lock; the host now records output.
+    """Send the ``D`` message: the record, its lock and a first reader's wake-up.
 
     Raises:
         OperationError: ``failed`` when the host died since it took the request
             (the command is not retried elsewhere: it may have begun).
     """
     assert prepared.sock is not None
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     rights = [
         (
             socket.SOL_SOCKET,
             socket.SCM_RIGHTS,
-            struct.pack("2i", prepared.record_fd, prepared.lock_fd),
+            struct.pack("3i", prepared.record_fd, prepared.lock_fd, theirs.fileno()),
         )
     ]
     try:
-        prepared.sock.sendmsg([b"D"], rights, socket.MSG_NOSIGNAL)
+        # The wake-up of a reader of stdout from cursor 0 rides along: the first
+        # read after a start (the common one) then sends nothing and waits on it.
+        prepared.sock.sendmsg([b"D" + _WAIT.pack(0, 0, _PUSH_MAX)], rights, socket.MSG_NOSIGNAL)
     except OSError:
+        ours.close()
         raise OperationError("the process host went away", code="failed") from None
     finally:
+        theirs.close()
         prepared.sock.setblocking(False)
+    ours.setblocking(False)
+    prepared.first = ours
 
 
 async def _started(sock: socket.socket) -> int:
@@ -1007,11 +1046,14 @@ class _Prepared:
         self.started_at = 0.0
         self.idle_s = 0.0  # what the host was told to wait for its next process
         self.sock: socket.socket | None = None  # the process host's, once it took the request
+        self.first: socket.socket | None = None  # the first stdout reader's wake-up (see _Live)
 
     def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
+        for name in ("sock", "first"):
+            sock = getattr(self, name)
+            if sock is not None:
+                sock.close()
+                setattr(self, name, None)
         for name in ("cwd_fd", "record_fd", "lock_fd", "stdin_r", "stdin_w"):
             fd = getattr(self, name)
             if fd >= 0:
@@ -1108,12 +1150,6 @@ def _check_text(fields: Sequence[str]) -> None:
 
 def _size(size: TerminalSize | None) -> list[int] | None:
     return None if size is None else [size.cols, size.rows]
-
-
-def _fd_path(fd: int) -> str | None:
-    with contextlib.suppress(OSError):
-        return os.readlink(f"/proc/self/fd/{fd}")
-    return None
 
 
 def _write_json(directory: str, name: str, value: object) -> None:

@@ -22,8 +22,10 @@ a fresh interpreter would cost twenty.
 Messages on a process host's socket (SOCK_SEQPACKET, one message each):
 
 * host program -> process host: ``R`` + JSON request, with the
-  working-directory, stdin and wrapper fds (SCM_RIGHTS), then ``D`` with the
-  record directory and its lock. The command is spawned between the two: the
+  working-directory, stdin and wrapper fds (SCM_RIGHTS), then ``D`` + ``WAIT``
+  with the record directory, its lock and a first ``W``'s fd (below: the
+  wake-up of the read that usually follows a start, of stdout from cursor
+  0, so that read sends nothing). The command is spawned between the two: the
   host program writes the record while the command starts (its output waits
   in the pipe), and only then says the start succeeded, so a handle it
   returns always has its record. A host whose ``D`` never comes (the program
@@ -40,7 +42,9 @@ Messages on a process host's socket (SOCK_SEQPACKET, one message each):
   ``G`` + ``SIG``: signal the process group; ``K`` + reason: kill the tree.
 * another program (a resolve of the same workspace elsewhere) -> process
   host: ``W``, ``G`` and ``K`` as above, on a connection to ``<record>/ctl``,
-  a socket the host listens on while the command runs (the record directory
+  a socket the host listens on while the command runs, from the end of its
+  start (its first output, or 5 ms): binding it earlier would delay that
+  first output, and until then another program polls (the record directory
   is private to the host program's user; the peer's uid is checked too).
   Its stdin and terminal stay with the program that started it: two writers
   could interleave input, and one could not close what the other holds.
@@ -499,6 +503,7 @@ class _Host:
         """Forget the previous process: nothing of it may reach the next one."""
         _drain(self.wake)
         self.listener: socket.socket | None = None
+        self.unlistened: tuple[_Request, select.poll] | None = None
         self.others: dict[int, socket.socket] = {}  # connections of other programs
         self.main = 0
         self.status: int | None = None
@@ -559,19 +564,21 @@ class _Host:
             ]
         )
         data, fds = _recv(self.sock)
-        if data[:1] != b"D" or len(fds) != 2:
+        if data[:1] != b"D" or len(fds) != 3 or len(data) != 1 + WAIT.size:
             # No record to write to: nothing this start began may keep running.
             _close(fds)
             if self.main:
                 self._kill_tree()
             return 0.0
-        req.record_fd, req.lock_fd = fds
+        req.record_fd, req.lock_fd, first = fds
         dirs = [
             os.open(s, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=req.record_fd)
             for s in STREAMS
         ]
         self.logs = [_Log(d, req.retained, req.segment) for d in dirs]
         self.record_fd = req.record_fd
+        stream, cursor, push = WAIT.unpack_from(data, 1)
+        self._add_waiter(stream, cursor, push, first)  # the first reader's, sent with D
         rights = (
             []
             if master < 0
@@ -654,7 +661,9 @@ class _Host:
         poller.register(self.wake, select.POLLIN)
         for fd in self.outs:
             poller.register(fd, select.POLLIN)
-        self._listen(req, poller)
+        # Other programs' control socket waits until the start is over (their
+        # readers poll meanwhile): binding it is work on the first byte's path.
+        self.unlistened = (req, poller)
         deadline = None if req.timeout is None else time.monotonic() + req.timeout
         quiet = time.monotonic() + _START_QUIET_S
         while True:
@@ -665,10 +674,10 @@ class _Host:
                     self.state, self.reason = "killed", "timeout"
                     break
                 wait_ms = min(math.ceil(remaining * 1000), _MAX_POLL_MS)
-            if self.link is not None:
+            if self.link is not None or self.unlistened is not None:
                 wait_ms = min(wait_ms, max(0, math.ceil((quiet - time.monotonic()) * 1000)))
             ready = poller.poll(wait_ms)
-            if self.link is not None and time.monotonic() >= quiet:
+            if time.monotonic() >= quiet:
                 self._past_start()  # a quiet command (output lets go in _pump)
             stop = False
             for fd, _ev in ready:
@@ -701,7 +710,10 @@ class _Host:
                     _drain(self.wake)
 
     def _past_start(self) -> None:
-        """Tell the server this start is over: it may fork the next spare now."""
+        """The start is over: listen for other programs; the server may fork the next spare."""
+        if self.unlistened is not None:
+            self._listen(*self.unlistened)
+            self.unlistened = None
         if self.link is not None:
             with contextlib.suppress(OSError):
                 self.link.send(b"F")

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import resource
 import socket
 import struct
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -20,16 +18,10 @@ from corral.provider import CommandRequest, ExecResult, OperationError, Workspac
 
 from ._capture import Capture, feed, write_now
 from ._checker import CommandChecker
-from ._env import base_environment
+from ._env import StartEnvironment
 from ._reaper import FINAL, FLAG_RETIRE, FLAG_TIMED_OUT, KIND_ERRNO
 from ._supervisor import POOL, Reaper, encode_limits, encode_request
-from ._wrapper import (
-    IDENTITY_WRAPPER,
-    CommandWrapper,
-    IdentityWrapper,
-    WrapContext,
-    WrappedCommand,
-)
+from ._wrapper import IDENTITY_WRAPPER, CommandWrapper, WrappedCommand, wrap_guarded
 
 __all__ = ["ProcessLimits", "SubprocessShell"]
 
@@ -130,12 +122,11 @@ class SubprocessShell:
         self.root = os.path.abspath(os.fspath(root))
         self.checker = checker or CommandChecker()
         self.wrapper = wrapper or IDENTITY_WRAPPER
-        self._base_env = dict(base_env or {})
+        self._env = StartEnvironment(self.root, base_env or {})
         self._limits_key = encode_limits((limits or ProcessLimits()).rlimits())
         self._provider_id = provider_id
         self._active: dict[Reaper, int] = {}
         self._closed = False
-        self._env_cache: tuple[tuple[str | None, str | None], dict[str, str]] | None = None
 
     async def run(self, request: CommandRequest) -> ExecResult:
         """Run one command; see the class docstring for what it gets.
@@ -162,12 +153,14 @@ class SubprocessShell:
         assert guarded.cwd_fd is not None
         fds = _FdSet([guarded.cwd_fd])
         try:
-            env = {**self._start_env(), **guarded.env}
-            if type(self.wrapper) is IdentityWrapper:
-                wrapped = WrappedCommand(argv=guarded.argv, env=env)  # what it would return
-            else:
-                host_cwd = _fd_path(guarded.cwd_fd) or os.path.join(self.root, *guarded.cwd_parts)
-                wrapped = self.wrapper.wrap(guarded.argv, WrapContext(self.root, host_cwd, env))
+            wrapped = wrap_guarded(
+                self.wrapper,
+                guarded.argv,
+                root=self.root,
+                cwd_fd=guarded.cwd_fd,
+                cwd_parts=guarded.cwd_parts,
+                env={**self._env.get(), **guarded.env},
+            )
             return await self._launch(request, wrapped, guarded.cwd_fd, fds)
         finally:
             fds.close_all()
@@ -266,15 +259,6 @@ class SubprocessShell:
                 reaper.close()
         return final
 
-    def _start_env(self) -> dict[str, str]:
-        """``base_environment`` + ``base_env``, recomputed only when its inputs change."""
-        inputs = (os.environ.get("PATH"), tempfile.tempdir)
-        cached = self._env_cache
-        if cached is None or cached[0] != inputs:
-            cached = (inputs, {**base_environment(self.root), **self._base_env})
-            self._env_cache = cached
-        return cached[1]
-
     def _open_root(self) -> int:
         try:
             return os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -313,12 +297,6 @@ class _FdSet:
     def close_all(self) -> None:
         for fd in list(self._open):
             self.close(fd)
-
-
-def _fd_path(fd: int) -> str | None:
-    with contextlib.suppress(OSError):
-        return os.readlink(f"/proc/self/fd/{fd}")
-    return None
 
 
 def _fd_array(fds: list[int]) -> bytes:

@@ -10,12 +10,22 @@ chance to weaken the guards because it only sees their output.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 import attrs
 
-__all__ = ["IDENTITY_WRAPPER", "CommandWrapper", "IdentityWrapper", "WrapContext", "WrappedCommand"]
+__all__ = [
+    "IDENTITY_WRAPPER",
+    "CommandWrapper",
+    "IdentityWrapper",
+    "WrapContext",
+    "WrappedCommand",
+    "fd_path",
+    "wrap_guarded",
+]
 
 
 @attrs.frozen
@@ -96,3 +106,32 @@ class IdentityWrapper:
 
 IDENTITY_WRAPPER: CommandWrapper = IdentityWrapper()
 """The shared no-op wrapper used when a shell is given no wrapper."""
+
+
+def fd_path(fd: int) -> str | None:
+    """The path the kernel has for an open fd (``/proc/self/fd``), or None."""
+    with contextlib.suppress(OSError):
+        return os.readlink(f"/proc/self/fd/{fd}")
+    return None
+
+
+def wrap_guarded(
+    wrapper: CommandWrapper,
+    argv: Sequence[str],
+    *,
+    root: str,
+    cwd_fd: int,
+    cwd_parts: Sequence[str],
+    env: Mapping[str, str],
+) -> WrappedCommand:
+    """What ``wrapper`` makes of a guarded command whose working directory is ``cwd_fd``.
+
+    The identity wrapper is answered without asking the kernel where the
+    directory is (a ``readlink`` on a command's way to its first output);
+    any other gets the directory's host path (``root`` joined with
+    ``cwd_parts`` when ``/proc`` has none).
+    """
+    if type(wrapper) is IdentityWrapper:
+        return WrappedCommand(argv=tuple(argv), env=env)
+    host_cwd = fd_path(cwd_fd) or os.path.join(root, *cwd_parts)
+    return wrapper.wrap(argv, WrapContext(root, host_cwd, env))
