@@ -443,15 +443,23 @@ class HostProcessManager:
         return prepared
 
     def _create_record(self, prepared: _Prepared, pid: str, request: ProcessRequest) -> None:
-        """The record directory, ``meta.json`` and the held lock (blocking)."""
+        """The record directory, ``meta.json`` and the held lock (blocking).
+
+        On a start's path to its first output byte: the records directory is
+        made only when missing, and the rest is made through the record's fd.
+        """
         record = os.path.join(self.records, pid)
-        os.makedirs(self.records, mode=0o700, exist_ok=True)
-        os.mkdir(record, 0o700)
+        try:
+            os.mkdir(record, 0o700)
+        except FileNotFoundError:
+            os.makedirs(self.records, mode=0o700, exist_ok=True)
+            os.mkdir(record, 0o700)
+        prepared.record_fd = record_fd = os.open(record, _DIR_FLAGS)
         for stream in _STREAM_INDEX:
-            os.mkdir(os.path.join(record, stream), 0o700)
+            os.mkdir(stream, 0o700, dir_fd=record_fd)
         started = prepared.started_at = time.time()
         _write_json(
-            record,
+            record_fd,
             "meta.json",
             {
                 "id": pid,
@@ -461,9 +469,8 @@ class HostProcessManager:
                 "retained": request.retained_bytes,
             },
         )
-        prepared.record_fd = os.open(record, _DIR_FLAGS)
         prepared.lock_fd = os.open(
-            "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600, dir_fd=prepared.record_fd
+            "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600, dir_fd=record_fd
         )
         fcntl.flock(prepared.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
@@ -1152,17 +1159,25 @@ def _size(size: TerminalSize | None) -> list[int] | None:
     return None if size is None else [size.cols, size.rows]
 
 
-def _write_json(directory: str, name: str, value: object) -> None:
-    """Replace a small JSON file atomically (no fsync: it only has to survive a crash
-    of this program, not of the machine; the process host fsyncs the final state)."""
-    final = os.path.join(directory, name)
-    tmp = os.path.join(directory, f".{name}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+def _write_json(directory: str | int, name: str, value: object) -> None:
+    """Replace a small JSON file atomically in a directory (a path or an fd).
+
+    No fsync: it only has to survive a crash of this program, not of the
+    machine; the process host fsyncs the final state.
+    """
+    if isinstance(directory, int):
+        dir_fd: int | None = directory
+        final = name
+    else:
+        dir_fd = None
+        final = os.path.join(directory, name)
+    tmp = os.path.join(os.path.dirname(final), f".{name}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
     try:
         os.write(fd, json.dumps(value).encode())
     finally:
         os.close(fd)
-    os.replace(tmp, final)
+    os.replace(tmp, final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
 def check_stream_read(stream: object, cursor: object, max_bytes: object, wait_s: object) -> None:
