@@ -225,6 +225,18 @@ async def test_the_first_read_of_stdout_waits_on_the_wake_up_the_start_sent(
     assert await read_all(pm, pid) == b"123456"
 
 
+async def test_processes_seen_to_end_hold_no_fds(ws: Workspace) -> None:
+    """Unread and unremoved: once info or wait saw the end, no fd of theirs stays open."""
+    pm = pm_of(ws)
+    await pm.wait((await pm.start(ProcessRequest("true"))).process_id, timeout_s=10)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        info = await pm.start(ProcessRequest("true"))
+        assert (await pm.wait(info.process_id, timeout_s=10)).state == "exited"
+    # Pooled idle hosts (at most 4) and the ready one may add a few; one per process may not.
+    assert len(os.listdir("/proc/self/fd")) <= before + 6
+
+
 async def test_a_start_sees_the_path_of_the_moment(
     ws: Workspace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -805,6 +805,7 @@ class HostProcessManager:
         live = self._live.get(process_id)
         if live is not None and not live.ended:
             live.ended = True
+            live.drop_first()  # its host closed the other end at the end
             if live.writing.acquire(blocking=False):
                 try:
                     live.close_stdin_fd()
