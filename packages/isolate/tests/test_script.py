@@ -150,6 +150,26 @@ async def test_through_the_tool_the_model_sees_result_and_error() -> None:
         assert "javascript" in lang.content
 
 
+async def test_a_policy_that_asks_for_the_network_is_refused_on_an_offline_runner(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The tool tells the model scripts are online: they never run offline instead."""
+    caps = {"script": {"network": "on"}}
+    async with corral.open_workspace("isolate", caps, session_id="net-test") as ws:
+        refused = await ws.call("workspace_script", {"code": "6 * 7"})
+        assert refused.is_error
+        assert refused.error_code == "unsupported"
+        assert "network" in refused.content
+        from corral_isolate._runner import ScriptRunner
+
+        monkeypatch.setattr(ScriptRunner, "has_network", True)  # a runner that says it has one
+        ran = await ws.call("workspace_script", {"code": "6 * 7"})
+        assert not ran.is_error, ran.content
+        assert ran.data["result"] == 42
+    async with corral.open_workspace("isolate", {"script": True}, session_id="net-off") as ws:
+        assert not (await ws.call("workspace_script", {"code": "1"})).is_error
+
+
 async def test_contexts_are_refused(runner) -> None:
     for call in (
         runner.create_context("javascript"),

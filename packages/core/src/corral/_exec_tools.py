@@ -356,6 +356,13 @@ async def _script(env: ToolEnv[ScriptPolicy, CodeInterpreter], args: ScriptArgs)
             code="invalid_argument",
         )
     runner = await env.module()
+    if policy.network == "on" and getattr(runner, "has_network", False) is not True:
+        # The tool told the model its scripts are online: never run them offline.
+        raise OperationError(
+            "the script policy gives scripts the network, but this workspace's script "
+            "runner has none (set network to 'off', or use a runner with a network)",
+            code="unsupported",
+        )
     language = args.language or next(iter(sorted(runner.languages)), "javascript")
     if language not in runner.languages:
         raise OperationError(

@@ -267,7 +267,10 @@ class ScriptPolicy:
     """``capabilities.script``.
 
     Attributes:
-        network: ``off`` or ``on`` for the script runner.
+        network: ``off``, or ``on`` to give scripts the network: then
+            ``workspace_script`` runs only on a runner whose ``has_network``
+            is True, and refuses (``unsupported``) on the offline boxes of
+            the built-in providers.
         max_duration_ms: Wall-clock cap of one script.
     """
 

@@ -53,6 +53,16 @@ class StatelessScriptRunner(abc.ABC):
         """Ceiling of a run's timeout."""
         return self._max_timeout
 
+    @property
+    def has_network(self) -> bool:
+        """Whether a script reaches the network: False here (a runner that gives it says so).
+
+        ``workspace_script`` refuses to run when its policy asks for the
+        network (``ScriptPolicy(network="on")``) and the runner has none,
+        rather than let the model believe its scripts are online.
+        """
+        return False
+
     def close(self) -> None:
         """Refuse every later call (the workspace closed)."""
         self._closed = True
