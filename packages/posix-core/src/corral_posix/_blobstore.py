@@ -208,8 +208,8 @@ class _ContentMemory:
     digest -> (identity, content): used only while the blob file's identity
     (one stat) is still the one it had when its content hashed right, so
     damage to the file is noticed exactly as for :data:`_VERIFIED`, and a
-    file is written with an open, a write and a close instead of also an
-    open, two fstats, a copy and a close of the blob. Bounded by ``budget``
+    file is written with a stat, an open, a write and a close instead of
+    also an open, an fstat, a copy and a close of the blob. Bounded by ``budget``
     bytes, each entry counted with its objects' overhead: when full, the
     oldest quarter is forgotten.
     """

@@ -53,11 +53,11 @@ from corral.provider import (
 )
 
 from ._checker import CommandChecker
-from ._env import base_environment
+from ._env import StartEnvironment
 from ._reaper import FINAL, KIND_ERRNO
 from ._shell import ProcessLimits, _fd_array, _send
 from ._supervisor import POOL, Reaper, encode_limits, encode_request
-from ._wrapper import IDENTITY_WRAPPER, CommandWrapper, WrapContext, fd_path
+from ._wrapper import IDENTITY_WRAPPER, CommandWrapper, WrapContext, wrap_guarded
 
 __all__ = [
     "DRIVER_ARGS",
@@ -691,7 +691,7 @@ class _ReaperLauncher:
     ) -> None:
         self.root = root
         self._wrapper = wrapper
-        self._base_env = base_env
+        self._env = StartEnvironment(root, base_env)
         self._limits = limits
         self._python = python
         self._provider_id = provider_id
@@ -699,7 +699,7 @@ class _ReaperLauncher:
     def find_languages(self) -> frozenset[str]:
         """``python`` when the interpreter is in the box; ``bash`` and ``javascript`` too
         when bash and node are (the Python driver hosts their sessions)."""
-        env = {**base_environment(self.root), **self._base_env}
+        env = dict(self._env.get())  # the wrapper gets its own copy
         try:
             wrapped = self._wrapper.wrap([self._python], WrapContext(self.root, self.root, env))
         except OperationError:
@@ -732,10 +732,14 @@ class _ReaperLauncher:
         in_r, in_w = os.pipe2(os.O_CLOEXEC)
         channel: _ReaperChannel | None = None
         try:
-            host_cwd = fd_path(cwd_fd) or self.root
-            env = {**base_environment(self.root), **self._base_env, "MPLBACKEND": "Agg"}
-            argv = [self._python, *args]
-            wrapped = self._wrapper.wrap(argv, WrapContext(self.root, host_cwd, env))
+            wrapped = wrap_guarded(
+                self._wrapper,
+                [self._python, *args],
+                root=self.root,
+                cwd_fd=cwd_fd,
+                cwd_parts=(),  # no /proc: the root
+                env={**self._env.get(), "MPLBACKEND": "Agg"},
+            )
             passed = [cwd_fd, in_r, *wrapped.pass_fds]
             payload = encode_request(
                 argv=wrapped.argv,

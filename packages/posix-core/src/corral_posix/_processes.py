@@ -1166,13 +1166,10 @@ def _write_json(directory: str | int, name: str, value: object) -> None:
     No fsync: it only has to survive a crash of this program, not of the
     machine; the process host fsyncs the final state.
     """
-    if isinstance(directory, int):
-        dir_fd: int | None = directory
-        final = name
-    else:
-        dir_fd = None
-        final = os.path.join(directory, name)
-    tmp = os.path.join(os.path.dirname(final), f".{name}.{secrets.token_hex(4)}")
+    tmp, final = f".{name}.{secrets.token_hex(4)}", name
+    dir_fd = directory if isinstance(directory, int) else None
+    if dir_fd is None:
+        tmp, final = os.path.join(str(directory), tmp), os.path.join(str(directory), name)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
     try:
         os.write(fd, json.dumps(value).encode())

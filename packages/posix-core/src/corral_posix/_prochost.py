@@ -674,10 +674,11 @@ class _Host:
                     self.state, self.reason = "killed", "timeout"
                     break
                 wait_ms = min(math.ceil(remaining * 1000), _MAX_POLL_MS)
-            if self.link is not None or self.unlistened is not None:
+            starting = self.link is not None or self.unlistened is not None
+            if starting:
                 wait_ms = min(wait_ms, max(0, math.ceil((quiet - time.monotonic()) * 1000)))
             ready = poller.poll(wait_ms)
-            if time.monotonic() >= quiet:
+            if starting and time.monotonic() >= quiet:
                 self._past_start()  # a quiet command (output lets go in _pump)
             stop = False
             for fd, _ev in ready:
